@@ -1,0 +1,10 @@
+"""MetaSD: lossless multi-drafter speculative decoding with a bandit choosing the drafter each round."""
+
+from metasd.engine import generate, run, target_greedy
+from metasd.events import RoundEvent, Summary
+from metasd.models import Bundle, load_bundle
+from metasd.presets import DEFAULT_PRESET, PRESETS
+from metasd.validation import InvalidInput
+
+__all__ = ["generate", "run", "target_greedy", "RoundEvent", "Summary", "Bundle", "load_bundle",
+           "DEFAULT_PRESET", "PRESETS", "InvalidInput"]

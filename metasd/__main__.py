@@ -1,0 +1,5 @@
+import sys
+
+from metasd.cli import main
+
+sys.exit(main())

@@ -1,0 +1,122 @@
+"""Command line: `python -m metasd generate ...` and `python -m metasd bench ...` (DESIGN.md §3)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from typing import Any
+
+from metasd.presets import DEFAULT_PRESET, PRESETS
+
+# A distinct terminal colour per drafter (cycled); the target's own tokens stay plain.
+_COLOURS = ["\033[38;5;39m", "\033[38;5;208m", "\033[38;5;41m", "\033[38;5;170m", "\033[38;5;220m", "\033[38;5;45m"]
+_RESET, _STRIKE, _DIM = "\033[0m", "\033[9m", "\033[2m"
+
+
+def _generate_args(sub: argparse._SubParsersAction) -> None:
+    g = sub.add_parser("generate", help="generate from one prompt with MetaSD")
+    g.add_argument("prompt")
+    g.add_argument("--preset", default=DEFAULT_PRESET, help=f"one of {', '.join(PRESETS)}")
+    g.add_argument("--drafters", default=None, help="comma-separated drafter names (default: all of the preset)")
+    g.add_argument("--policy", default="metasd-ucb", help="metasd-ucb, exp3, thompson, hedge, ... or single:<drafter>")
+    g.add_argument("--reward", default="bd", help="bd (block divergence), be (block efficiency) or throughput")
+    g.add_argument("--gamma", default=None, help="draft length (default: the preset's)")
+    g.add_argument("--max-new-tokens", default=128)
+    g.add_argument("--temperature", default=0.0)
+    g.add_argument("--top-p", default=1.0)
+    g.add_argument("--top-k", default=0)
+    g.add_argument("--seed", default=0)
+    g.add_argument("--full-info", action="store_true", help="score every drafter on every verified chunk")
+    g.add_argument("--no-chat-template", action="store_true", help="feed the prompt as plain text")
+    g.add_argument("--device", default=None, help="override the preset's device (cpu, cuda, ...)")
+    g.add_argument("--dtype", default=None, help="override the preset's dtype (float32, bfloat16, float16)")
+    g.add_argument("--json", action="store_true", help="print exactly one JSON object")
+    g.add_argument("--hide-rejected", action="store_true", help="do not show rejected draft tokens")
+
+
+def _render_round(ev: Any, colours: dict[str, str], show_rejected: bool) -> str:
+    c = colours[ev.drafter]
+    out = [f"{c}{t}{_RESET}" for t in ev.emitted_text[: ev.accepted]]
+    if show_rejected and ev.accepted < len(ev.draft):
+        rejected = "".join(ev.draft_text[ev.accepted :])
+        out.append(f"{_DIM}{c}{_STRIKE}{rejected}{_RESET}")
+    out.append("".join(ev.emitted_text[ev.accepted :]))
+    return "".join(out)
+
+
+def cmd_generate(a: argparse.Namespace) -> int:
+    from metasd.engine import generate
+    from metasd.events import Summary
+    from metasd.models import load_bundle
+
+    bundle = load_bundle(a.preset, device=a.device, dtype=a.dtype)
+    events = generate(
+        bundle, a.prompt, drafters=a.drafters, policy=a.policy, reward=a.reward,
+        gamma=None if a.gamma is None else a.gamma, max_new_tokens=a.max_new_tokens,
+        temperature=a.temperature, top_p=a.top_p, top_k=a.top_k, seed=a.seed,
+        chat_template=not a.no_chat_template, full_info=a.full_info,
+    )
+    colours = {n: _COLOURS[i % len(_COLOURS)] for i, n in enumerate(bundle.drafter_names)}
+    tty = sys.stdout.isatty() and not a.json
+    rounds = []
+    if not a.json:
+        legend = "  ".join(f"{colours[n]}■ {n}{_RESET}" for n in bundle.drafter_names)
+        print(f"{legend}  ■ target\n", flush=True)
+    for ev in events:
+        if isinstance(ev, Summary):
+            break
+        rounds.append(ev)
+        if not a.json:
+            print(_render_round(ev, colours, not a.hide_rejected) if tty else "".join(ev.emitted_text),
+                  end="", flush=True)
+    summary = ev
+    if a.json:
+        obj = {
+            "prompt": a.prompt,
+            "text": summary.text,
+            "token_ids": list(summary.token_ids),
+            "rounds": [r.to_json() for r in rounds],
+            "stats": summary.stats_json(),
+            "config": summary.config,
+        }
+        print(json.dumps(obj, ensure_ascii=False))
+    else:
+        print(f"\n\n{summary.new_tokens} tokens in {summary.wall_s:.2f} s ({summary.tokens_per_s:.1f} tokens/s), "
+              f"{summary.target_calls} target calls, {summary.mean_accepted:.2f} accepted per call, "
+              f"stopped by {summary.stop_reason}")
+        for d in summary.drafters:
+            print(f"  {colours[d.name]}{d.name:16s}{_RESET} pulls {d.pulls:4d}  acceptance {d.acceptance_rate:6.1%}  "
+                  f"mean reward {d.mean_reward:.3f}")
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    from metasd.validation import InvalidInput
+
+    p = argparse.ArgumentParser(prog="python -m metasd", description=__doc__)
+    sub = p.add_subparsers(dest="command", required=True)
+    _generate_args(sub)
+    try:
+        from metasd.bench import add_bench_args
+    except ImportError:  # the benchmark module is optional in a trimmed install
+        add_bench_args = None
+    if add_bench_args is not None:
+        add_bench_args(sub)
+    a = p.parse_args(argv)
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    try:
+        if a.command == "generate":
+            return cmd_generate(a)
+        return a.func(a)
+    except InvalidInput as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("\ninterrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,274 @@
+"""Drafters: propose up to k tokens, learn from what the target verified, reset per request.
+
+The interface is in the spirit of transformers' `CandidateGenerator`, but smaller. A drafter
+object holds one request's state only (caches, tables); model weights are shared and read-only.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+from transformers import DynamicCache, PreTrainedModel
+
+from metasd.sampling import Sampling, sample_or_argmax, warp
+
+
+@dataclass(frozen=True)
+class Draft:
+    tokens: list[int]
+    q: torch.Tensor | None  # [len(tokens), V] warped probabilities, None if deterministic/greedy
+
+
+@dataclass(frozen=True)
+class Verified:
+    """What the target verified in a round, shown to every drafter afterwards."""
+
+    start: int  # len(ids) before the round
+    inputs: list[int]  # what the target was fed: [ids[start - 1]] + draft
+    logits: torch.Tensor  # [len(inputs), V] the target's logits at those inputs
+    emitted: list[int]  # the ids appended to the context
+
+
+class Drafter(ABC):
+    """One arm of the bandit."""
+
+    name: str
+    deterministic: bool = True  # q is one-hot of the draft (no distribution to compare)
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self._ms_per_token = 0.0  # measured, smoothed
+
+    @abstractmethod
+    def reset(self, prompt_ids: list[int]) -> None:
+        """Forget everything from the previous request."""
+
+    @abstractmethod
+    def propose(self, ids: list[int], k: int, s: Sampling, generator: torch.Generator | None) -> Draft:
+        """Up to k tokens that should follow `ids`."""
+
+    def observe(self, ids: list[int], verified: Verified) -> None:
+        """Learn from the target's verification (ids already include the emitted tokens)."""
+
+    @abstractmethod
+    def predict(self, ids: list[int], start: int, n: int, s: Sampling) -> torch.Tensor:
+        """Teacher-forced predictions for positions start..start+n-1 of `ids` (full information).
+
+        Returns [n] predicted ids for a deterministic drafter or greedy decoding, else [n, V] q rows.
+        """
+
+    def record_time(self, seconds: float, tokens: int) -> None:
+        if tokens:
+            ms = 1000.0 * seconds / tokens
+            self._ms_per_token = ms if self._ms_per_token == 0 else 0.8 * self._ms_per_token + 0.2 * ms
+
+    @property
+    def ms_per_token(self) -> float:
+        """Measured cost of drafting one token (smoothed); c = this / the target's step time."""
+        return self._ms_per_token
+
+
+# --------------------------------------------------------------------------------------------
+# Model-free drafters
+
+
+def _last_match(arr: np.ndarray, end: int, max_ngram: int, min_ngram: int) -> int:
+    """Start of the continuation after the latest earlier occurrence of arr[end-n:end], or -1."""
+    for n in range(min(max_ngram, end - 1), min_ngram - 1, -1):
+        pattern = arr[end - n : end]
+        # Windows starting at i = 0 .. end - n - 1, i.e. all occurrences before the suffix itself.
+        windows = np.lib.stride_tricks.sliding_window_view(arr[: end - 1], n)
+        hits = np.flatnonzero((windows == pattern).all(axis=1))
+        if hits.size:
+            return int(hits[-1]) + n
+    return -1
+
+
+class PromptLookup(Drafter):
+    """Copy what followed the latest earlier occurrence of the context's last n-gram.
+
+    Strong where the answer repeats its input: summarization, RAG, extraction, code editing.
+    """
+
+    def __init__(self, name: str = "prompt-lookup", max_ngram: int = 3, min_ngram: int = 1) -> None:
+        super().__init__(name)
+        self.max_ngram, self.min_ngram = max_ngram, min_ngram
+
+    def reset(self, prompt_ids: list[int]) -> None:
+        pass  # stateless: it searches the context it is given
+
+    def propose(self, ids, k, s, generator):
+        arr = np.asarray(ids, dtype=np.int64)
+        start = _last_match(arr, len(ids), self.max_ngram, self.min_ngram)
+        return Draft(ids[start : start + k] if start >= 0 else [], None)
+
+    def predict(self, ids, start, n, s):
+        arr = np.asarray(ids, dtype=np.int64)
+        out = []
+        for j in range(start, start + n):
+            m = _last_match(arr, j, self.max_ngram, self.min_ngram)
+            out.append(int(arr[m]) if m >= 0 else -1)
+        return torch.tensor(out)
+
+
+class TokenRecycling(Drafter):
+    """Follow the target's own top successors of each token (an adjacency table).
+
+    The table is refreshed from every row of logits the target computes, accepted or not, so
+    candidates that the target once considered are recycled later (Luo et al. 2024, as a chain).
+    """
+
+    def __init__(self, name: str = "token-recycling", vocab_size: int = 0, top_k: int = 1) -> None:
+        super().__init__(name)
+        self.vocab_size, self.top_k = vocab_size, top_k
+        self.table = np.full(vocab_size, -1, dtype=np.int64)
+
+    def reset(self, prompt_ids: list[int]) -> None:
+        self.table.fill(-1)
+
+    def learn(self, inputs: list[int], logits: torch.Tensor) -> None:
+        """Row j of `logits` is the target's prediction after token inputs[j]."""
+        best = logits.argmax(-1).cpu().numpy()
+        self.table[np.asarray(inputs, dtype=np.int64)] = best
+
+    def propose(self, ids, k, s, generator):
+        out: list[int] = []
+        t = ids[-1]
+        for _ in range(k):
+            t = int(self.table[t])
+            if t < 0:
+                break
+            out.append(t)
+        return Draft(out, None)
+
+    def observe(self, ids, verified):
+        self.learn(verified.inputs, verified.logits)
+
+    def predict(self, ids, start, n, s):
+        return torch.from_numpy(self.table[np.asarray(ids[start - 1 : start - 1 + n], dtype=np.int64)].copy())
+
+
+# --------------------------------------------------------------------------------------------
+# Model drafters
+
+
+def crop_to(cache: DynamicCache, length: int) -> None:
+    """Roll a cache back to its first `length` tokens (transformers 5: crop(-n) drops the last n)."""
+    extra = cache.get_seq_length() - length
+    if extra > 0:
+        cache.crop(-extra)
+
+
+def fit_vocab(logits: torch.Tensor, target_vocab: int, tokenizer_vocab: int) -> torch.Tensor:
+    """A drafter's logits over the target's id space.
+
+    Models sharing a tokenizer may have embedding tables of different sizes (padding rows,
+    e.g. 151936 vs 152064 in the Qwen2.5 family). Only the tokenizer's ids are real tokens:
+    the drafter never proposes the rest, and ids the target has but the drafter lacks get q = 0.
+    """
+    v = logits.shape[-1]
+    if v > target_vocab:
+        logits = logits[..., :target_vocab]
+    elif v < target_vocab:
+        pad = logits.new_full((*logits.shape[:-1], target_vocab - v), float("-inf"))
+        logits = torch.cat([logits, pad], dim=-1)
+    if tokenizer_vocab < target_vocab:
+        logits = logits.clone()
+        logits[..., tokenizer_vocab:] = float("-inf")
+    return logits
+
+
+class ModelDrafter(Drafter):
+    """Any causal LM that shares the target's tokenizer, with its own KV cache.
+
+    The cache catches up lazily: when the drafter is chosen again after other drafters were
+    active, it is cropped to the longest prefix it shares with the context and only the
+    missing tokens are fed, in one forward call.
+    """
+
+    deterministic = False
+
+    def __init__(self, name: str, model: PreTrainedModel, target_vocab: int, tokenizer_vocab: int) -> None:
+        super().__init__(name)
+        self.model = model
+        self.target_vocab, self.tokenizer_vocab = target_vocab, tokenizer_vocab
+        self.device = next(model.parameters()).device
+        self.reset([])
+
+    def reset(self, prompt_ids: list[int]) -> None:
+        self.cache = DynamicCache(config=self.model.config)
+        self.cached: list[int] = []  # the token ids whose keys/values are in self.cache
+
+    def _forward(self, tokens: list[int] | torch.Tensor, logits_to_keep: int = 1) -> torch.Tensor:
+        """Feed tokens after the cached ones; the caller records them in self.cached."""
+        start = self.cache.get_seq_length()
+        inp = torch.as_tensor(tokens, device=self.device).view(1, -1)
+        pos = torch.arange(start, start + inp.shape[1], device=self.device).view(1, -1)
+        out = self.model(input_ids=inp, position_ids=pos, past_key_values=self.cache, use_cache=True,
+                         logits_to_keep=logits_to_keep)
+        return fit_vocab(out.logits[0], self.target_vocab, self.tokenizer_vocab)
+
+    def _sync(self, ids: list[int], upto: int, feed_from: int) -> torch.Tensor:
+        """Make the cache hold ids[:upto], feeding at least ids[feed_from:upto].
+
+        Returns the logits after each fed token. Crops to the prefix the cache shares with
+        `ids` (cheap), so only what is missing is computed.
+        """
+        c = 0
+        limit = min(len(self.cached), feed_from)
+        while c < limit and self.cached[c] == ids[c]:
+            c += 1
+        if c < len(self.cached):
+            crop_to(self.cache, c)
+            del self.cached[c:]
+        missing = ids[c:upto]
+        logits = self._forward(missing, logits_to_keep=len(missing))
+        self.cached.extend(missing)
+        return logits
+
+    @torch.inference_mode()
+    def propose(self, ids, k, s, generator):
+        if k <= 0:
+            return Draft([], None)
+        logits = self._sync(ids, len(ids), len(ids) - 1)[-1]
+        tokens, qs = [], []
+        for i in range(k):
+            x, q = sample_or_argmax(logits, s, generator)
+            tokens.append(x)
+            if q is not None:
+                qs.append(q)
+            if i < k - 1:  # the last drafted token is never fed: nothing needs its logits
+                logits = self._forward(x.view(1))[-1]
+        toks = torch.stack(tokens).tolist()  # one host sync for the whole draft
+        self.cached.extend(toks[: k - 1])
+        return Draft(toks, torch.stack(qs) if qs else None)
+
+    @torch.inference_mode()
+    def predict(self, ids, start, n, s):
+        # Position j is predicted by the logits after ids[j - 1].
+        logits = self._sync(ids, start + n - 1, start - 1)[-n:]
+        return logits.argmax(-1) if s.greedy else warp(logits, s)
+
+
+def layer_skip_view(model: PreTrainedModel, keep: list[int]) -> PreTrainedModel:
+    """A self-drafter: the target itself running only the decoder layers in `keep`.
+
+    Shares every weight with the target (no extra memory). Each kept layer still indexes the
+    drafter's own cache by its original layer number, which DynamicCache allows.
+    """
+    import copy
+
+    if 0 not in keep:
+        raise ValueError("a layer-skip drafter must keep layer 0 (its cache length is read there)")
+    # Shallow copies share the module dicts, so give each copy its own before swapping children:
+    # otherwise the target itself would lose its layers.
+    view = copy.copy(model)
+    view._modules = dict(model._modules)
+    inner = copy.copy(model.model)
+    inner._modules = dict(model.model._modules)
+    inner._modules["layers"] = torch.nn.ModuleList([model.model.layers[i] for i in sorted(keep)])
+    view._modules["model"] = inner
+    return view

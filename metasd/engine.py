@@ -1,0 +1,321 @@
+"""The MetaSD engine: one generator that yields an event per round, then a summary.
+
+A round: the policy picks a drafter (an arm), the drafter proposes up to gamma tokens, the
+target verifies them in one forward pass (sampling.verify), the KV caches roll back to what
+was kept, the arm gets its reward and the policy learns. Nothing else drives generation: the
+CLI, the app, the benchmark and the tests all consume this stream.
+
+Cache invariant: the target's cache always holds ids[:-1]; the last id is fed with the draft.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import asdict
+from typing import Any
+
+import torch
+from transformers import DynamicCache
+
+from metasd.drafters import TokenRecycling, Verified, crop_to
+from metasd.events import DrafterStats, Event, RoundEvent, Summary
+from metasd.models import Bundle
+from metasd.policies import make_policy
+from metasd.sampling import Sampling, verify, warp
+from metasd.validation import InvalidInput, Settings, clean_prompt, validate_settings
+
+StopSignal = threading.Event | Callable[[], bool] | None
+
+
+def encode_prompt(bundle: Bundle, prompt: str | list[int], chat_template: bool) -> list[int]:
+    """Token ids of the prompt: through the chat template (as a user turn) or as plain text."""
+    if isinstance(prompt, list):  # ids straight in (tiny test models have no tokenizer)
+        if not prompt:
+            raise InvalidInput("the prompt is empty")
+        return list(prompt)
+    tok = bundle.tokenizer
+    assert tok is not None
+    if chat_template and getattr(tok, "chat_template", None):
+        ids = tok.apply_chat_template([{"role": "user", "content": prompt}], add_generation_prompt=True,
+                                      tokenize=True, return_dict=False)
+        if isinstance(ids, dict) or hasattr(ids, "input_ids"):
+            ids = ids["input_ids"]
+        return list(ids)
+    return tok(prompt, add_special_tokens=True)["input_ids"]
+
+
+class TextPieces:
+    """Incremental detokenisation: the text each new id adds (held back mid-character)."""
+
+    def __init__(self, tokenizer: Any) -> None:
+        self.tok = tokenizer
+        self.ids: list[int] = []
+        self.prefix = self.read = 0
+
+    def piece(self, ids: list[int]) -> str:
+        if self.tok is None:
+            return "".join(f"<{i}>" for i in ids)
+        return self.tok.decode(ids, skip_special_tokens=True)
+
+    def push(self, new: list[int]) -> list[str]:
+        out = []
+        for t in new:
+            self.ids.append(t)
+            before = self.piece(self.ids[self.prefix : self.read])
+            after = self.piece(self.ids[self.prefix :])
+            if len(after) > len(before) and not after.endswith("\ufffd"):
+                out.append(after[len(before) :])
+                self.prefix, self.read = self.read, len(self.ids)
+            else:
+                out.append("")
+        return out
+
+
+def _expected_accepted(g: list[float]) -> float:
+    """E[accepted] = sum_i prod_{j<i} g_j: the chance that the first i positions all pass."""
+    total, run = 0.0, 1.0
+    for x in g:
+        run *= x
+        total += run
+    return total
+
+
+class _Arm:
+    """Per-request statistics of one drafter."""
+
+    def __init__(self) -> None:
+        self.pulls = self.drafted = self.accepted = 0
+        self.reward_sum = 0.0
+        self.tokens_sum = 0.0  # realised tokens per target call, summed over pulls
+        self.draft_s = self.verify_s = 0.0
+        self.scored_tokens = 0.0  # full information: expected tokens per call, summed over rounds
+
+
+def _stopped(stop: StopSignal) -> bool:
+    if stop is None:
+        return False
+    return stop.is_set() if isinstance(stop, threading.Event) else bool(stop())
+
+
+def generate(bundle: Bundle, prompt: str | list[int], *, drafters: Any = None, policy: str = "metasd-ucb",
+             reward: str = "bd", gamma: int | None = None, max_new_tokens: int = 128,
+             temperature: float = 0.0, top_p: float = 1.0, top_k: int = 0, seed: int = 0,
+             chat_template: bool = True, full_info: bool = False, stop: StopSignal = None,
+             max_new_tokens_limit: int | None = None) -> Iterator[Event]:
+    """Speculative generation with a bandit over drafters. Yields RoundEvents, then a Summary.
+
+    Raises InvalidInput (before yielding anything) for bad prompts or settings.
+    """
+    st = validate_settings(bundle.drafter_names, drafters, policy, reward,
+                           bundle.preset.gamma if gamma is None else gamma, max_new_tokens,
+                           temperature, top_p, top_k, seed, chat_template, full_info,
+                           max_new_tokens_limit)
+    text_prompt = prompt if isinstance(prompt, str) else ""
+    if isinstance(prompt, str):
+        prompt = clean_prompt(prompt)
+    prompt_ids = encode_prompt(bundle, prompt, st.chat_template)
+    room = bundle.max_context - len(prompt_ids)
+    if room < st.max_new_tokens + st.gamma + 1:
+        raise InvalidInput(
+            f"the prompt is {len(prompt_ids):,} tokens; with max_new_tokens={st.max_new_tokens} and "
+            f"gamma={st.gamma} it must be at most {bundle.max_context - st.max_new_tokens - st.gamma - 1:,} "
+            f"tokens (the model's context is {bundle.max_context:,})"
+        )
+    return _rounds(bundle, text_prompt, prompt_ids, st, stop)
+
+
+@torch.inference_mode()
+def _rounds(bundle: Bundle, prompt: str, prompt_ids: list[int], st: Settings, stop: StopSignal) -> Iterator[Event]:
+    t_start = time.perf_counter()
+    dev = bundle.device
+    s = Sampling(st.temperature, st.top_p, st.top_k)
+    names = list(st.drafters)
+    arms = bundle.make_drafters(names)
+    # Rounds the request will take if each emits ~2 tokens: sequential halving's horizon.
+    pol = make_policy(st.policy, names, seed=st.seed, horizon=max(8, st.max_new_tokens // 2))
+    g_target = torch.Generator(device=dev).manual_seed(st.seed)
+    g_draft = torch.Generator(device=dev).manual_seed(st.seed + 1)
+    eos = bundle.eos_ids
+    pieces = TextPieces(bundle.tokenizer)
+    stats = {n: _Arm() for n in names}
+
+    # Prefill the target with all but the last prompt token (the cache invariant above).
+    target = bundle.target
+    cache = DynamicCache(config=target.config)
+    ids = list(prompt_ids)
+    for d in arms:
+        d.reset(prompt_ids)
+    recyclers = [d for d in arms if isinstance(d, TokenRecycling)]
+    if len(ids) > 1:
+        keep = min(len(ids) - 1, 128) if recyclers else 1
+        out = target(input_ids=torch.tensor([ids[:-1]], device=dev), past_key_values=cache,
+                     use_cache=True, logits_to_keep=keep)
+        for d in recyclers:  # seed the successor table with what the target saw in the prompt
+            d.learn(ids[len(ids) - 1 - keep : len(ids) - 1], out.logits[0])
+    prefill_s = time.perf_counter() - t_start
+
+    new_tokens = target_calls = accepted_total = 0
+    draft_s = verify_s = overhead_s = 0.0
+    verify_ref_ms = 0.0  # smoothed time of one verification: the throughput reward's yardstick
+    regret = 0.0
+    chosen_scored = 0.0  # full information: expected tokens of the arms actually pulled
+    stop_reason = "max_new_tokens"
+    generated: list[int] = []
+    rnd = 0
+    while new_tokens < st.max_new_tokens:
+        if _stopped(stop):
+            stop_reason = "stopped"
+            break
+        rnd += 1
+        t0 = time.perf_counter()
+        probs = pol.probabilities()
+        arm = pol.choose()
+        drafter = arms[arm]
+        # Never draft past the budget: a round emits accepted + 1 tokens.
+        k = min(st.gamma, st.max_new_tokens - new_tokens - 1)
+        t1 = time.perf_counter()
+        draft = drafter.propose(ids, k, s, g_draft) if k > 0 else None
+        tokens = draft.tokens[:k] if draft else []
+        q = draft.q[: len(tokens)] if draft is not None and draft.q is not None else None
+        t2 = time.perf_counter()
+
+        # Verify: feed the last id and the draft; row j of the logits checks draft[j].
+        start = len(ids)
+        inputs = [ids[-1]] + tokens
+        pos = torch.arange(start - 1, start + len(tokens), device=dev).view(1, -1)
+        logits = target(input_ids=torch.tensor([inputs], device=dev), position_ids=pos,
+                        past_key_values=cache, use_cache=True).logits[0]
+        v = verify(logits, torch.tensor(tokens, dtype=torch.long, device=dev), q, s, g_target)
+        # Roll the cache back to ids + accepted draft (the target's own token is fed next round).
+        crop_to(cache, start + v.accepted)
+        t3 = time.perf_counter()
+
+        emitted = tokens[: v.accepted] + [v.token]
+        emitted = emitted[: st.max_new_tokens - new_tokens]
+        hit_eos = next((i for i, t in enumerate(emitted) if t in eos), None)
+        if hit_eos is not None:
+            emitted = emitted[: hit_eos + 1]
+        ids.extend(emitted)
+        generated.extend(emitted)
+        new_tokens += len(emitted)
+        target_calls += 1
+        accepted_total += v.accepted
+        d_ms, v_ms = 1000 * (t2 - t1), 1000 * (t3 - t2)
+        drafter.record_time(t2 - t1, len(tokens))
+        verify_ref_ms = v_ms if verify_ref_ms == 0 else 0.9 * verify_ref_ms + 0.1 * v_ms
+
+        # Rewards (DESIGN.md formula 5): block divergence, block efficiency or throughput.
+        def reward_of(g: list[float], drafted_ms: float) -> float:
+            if st.reward == "bd":
+                return sum(g) / st.gamma
+            e = _expected_accepted(g)
+            if st.reward == "be":
+                return e / st.gamma
+            # Expected tokens per second of the round, over the best a free drafter could do.
+            return min(1.0, (1 + e) / (st.gamma + 1) * verify_ref_ms / (drafted_ms + verify_ref_ms))
+
+        # Block efficiency is the realised accepted share; the others use the per-position betas.
+        own = v.accepted / st.gamma if st.reward == "be" else reward_of(v.beta, d_ms)
+        t4 = time.perf_counter()
+        rewards: list[float | None] = [None] * len(arms)
+        feedback_s = 0.0
+        if st.full_info:
+            # Full information: score every drafter on the verified chunk, teacher-forced.
+            m = min(len(emitted), st.gamma)
+            p_rows = None if s.greedy else warp(logits[:m], s)
+            chunk = torch.tensor(emitted[:m], device=dev)
+            for i, d in enumerate(arms):
+                if i == arm:
+                    g = (v.beta + [0.0] * m)[:m]
+                else:
+                    pred = d.predict(ids, start, m, s).to(dev)
+                    if pred.dim() == 1 and s.greedy:
+                        g = (pred == chunk).float().tolist()
+                    elif pred.dim() == 1:
+                        valid = pred >= 0
+                        g = torch.where(valid, p_rows[torch.arange(m, device=dev), pred.clamp_min(0)], 0.0).tolist()
+                    else:
+                        g = torch.minimum(p_rows, pred).sum(-1).tolist()
+                rewards[i] = reward_of(g, d.ms_per_token * st.gamma)
+                tokens_i = 1 + _expected_accepted(g)
+                stats[names[i]].scored_tokens += tokens_i
+                if i == arm:
+                    chosen_scored += tokens_i
+            feedback_s = time.perf_counter() - t4
+            # Measured regret: the best drafter in hindsight's expected tokens minus ours.
+            regret = max(a.scored_tokens for a in stats.values()) - chosen_scored
+        else:
+            rewards[arm] = own
+        pol.update(arm, rewards)
+        for d in arms:
+            d.observe(ids, Verified(start, inputs, logits, emitted))
+
+        a = stats[names[arm]]
+        a.pulls += 1
+        a.drafted += len(tokens)
+        a.accepted += v.accepted
+        a.reward_sum += own
+        a.tokens_sum += v.accepted + 1
+        a.draft_s += t2 - t1
+        a.verify_s += t3 - t2
+        if not st.full_info:
+            # Estimated regret: rounds x the best arm's mean tokens per call - tokens produced.
+            means = [x.tokens_sum / x.pulls for x in stats.values() if x.pulls]
+            regret = max(means) * rnd - sum(x.tokens_sum for x in stats.values())
+        text = pieces.push(emitted)
+        draft_text = [pieces.piece([t]) for t in tokens]
+        t5 = time.perf_counter()
+        o_ms = 1000 * ((t1 - t0) + (t5 - t3) - feedback_s)
+        draft_s += t2 - t1 + feedback_s
+        verify_s += t3 - t2
+        overhead_s += o_ms / 1000
+        yield RoundEvent(
+            round=rnd, drafter=names[arm], draft=tuple(tokens), accepted=v.accepted,
+            emitted=tuple(emitted), target_token=v.token, bonus=v.accepted == len(tokens),
+            p_draft=tuple(v.p_draft), q_draft=tuple(v.q_draft), accept_prob=tuple(v.accept_prob),
+            reward=own, rewards=dict(zip(names, rewards, strict=True)),
+            probabilities=dict(zip(names, probs, strict=True)), regret=max(regret, 0.0),
+            regret_measured=st.full_info, draft_ms=d_ms + 1000 * feedback_s, verify_ms=v_ms, overhead_ms=o_ms,
+            new_tokens=new_tokens, emitted_text=tuple(text), draft_text=tuple(draft_text),
+        )
+        if hit_eos is not None:
+            stop_reason = "eos"
+            break
+
+    wall = time.perf_counter() - t_start
+    text = bundle.tokenizer.decode(generated, skip_special_tokens=True) if bundle.tokenizer else " ".join(map(str, generated))
+    yield Summary(
+        prompt=prompt, text=text, token_ids=tuple(generated), new_tokens=new_tokens,
+        target_calls=target_calls, mean_accepted=accepted_total / target_calls if target_calls else 0.0,
+        wall_s=wall, tokens_per_s=new_tokens / wall if wall > 0 else 0.0, draft_s=draft_s,
+        verify_s=verify_s, overhead_s=overhead_s, prefill_s=prefill_s, stop_reason=stop_reason,
+        regret=max(regret, 0.0), regret_measured=st.full_info,
+        drafters=tuple(
+            DrafterStats(n, a.pulls, a.drafted, a.accepted, a.reward_sum / a.pulls if a.pulls else 0.0,
+                         a.draft_s, a.verify_s)
+            for n, a in stats.items()
+        ),
+        config={"preset": bundle.preset.name, **asdict(st), "drafters": list(st.drafters)},
+    )
+
+
+def run(bundle: Bundle, prompt: str | list[int], **kwargs: Any) -> tuple[list[RoundEvent], Summary]:
+    """Consume a whole generation: its rounds and its summary."""
+    rounds: list[RoundEvent] = []
+    for ev in generate(bundle, prompt, **kwargs):
+        if isinstance(ev, Summary):
+            return rounds, ev
+        rounds.append(ev)
+    raise RuntimeError("generation ended without a summary")
+
+
+def target_greedy(bundle: Bundle, prompt_ids: list[int], max_new_tokens: int) -> list[int]:
+    """The target's own greedy decoding through transformers `generate`: the reference."""
+    inp = torch.tensor([prompt_ids], device=bundle.device)
+    out = bundle.target.generate(inp, attention_mask=torch.ones_like(inp), do_sample=False,
+                                 max_new_tokens=max_new_tokens, eos_token_id=sorted(bundle.eos_ids) or None,
+                                 pad_token_id=sorted(bundle.eos_ids)[0] if bundle.eos_ids else 0)
+    return out[0, len(prompt_ids):].tolist()
+

