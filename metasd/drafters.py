@@ -50,7 +50,7 @@ class Drafter(ABC):
     def propose(self, ids: list[int], k: int, s: Sampling, generator: torch.Generator | None) -> Draft:
         """Up to k tokens that should follow `ids`."""
 
-    def observe(self, ids: list[int], verified: Verified) -> None:
+    def observe(self, ids: list[int], verified: Verified) -> None:  # noqa: B027 (optional hook)
         """Learn from the target's verification (ids already include the emitted tokens)."""
 
     @abstractmethod
@@ -196,6 +196,7 @@ class ModelDrafter(Drafter):
         self.model = model
         self.target_vocab, self.tokenizer_vocab = target_vocab, tokenizer_vocab
         self.device = next(model.parameters()).device
+        self.model_vocab = model.get_input_embeddings().weight.shape[0]
         self.reset([])
 
     def reset(self, prompt_ids: list[int]) -> None:
@@ -206,6 +207,10 @@ class ModelDrafter(Drafter):
         """Feed tokens after the cached ones; the caller records them in self.cached."""
         start = self.cache.get_seq_length()
         inp = torch.as_tensor(tokens, device=self.device).view(1, -1)
+        if self.model_vocab < self.target_vocab:
+            # Ids beyond this drafter's table are padding rows a real tokenizer never produces;
+            # read them as id 0 rather than fail (verification keeps the output lossless anyway).
+            inp = inp.masked_fill(inp >= self.model_vocab, 0)
         pos = torch.arange(start, start + inp.shape[1], device=self.device).view(1, -1)
         out = self.model(input_ids=inp, position_ids=pos, past_key_values=self.cache, use_cache=True,
                          logits_to_keep=logits_to_keep)

@@ -19,7 +19,7 @@ from typing import Any
 import torch
 from transformers import DynamicCache
 
-from metasd.drafters import TokenRecycling, Verified, crop_to
+from metasd.drafters import Drafter, TokenRecycling, Verified, crop_to
 from metasd.events import DrafterStats, Event, RoundEvent, Summary
 from metasd.models import Bundle
 from metasd.policies import make_policy
@@ -27,6 +27,7 @@ from metasd.sampling import Sampling, verify, warp
 from metasd.validation import InvalidInput, Settings, clean_prompt, validate_settings
 
 StopSignal = threading.Event | Callable[[], bool] | None
+Inspect = Callable[[DynamicCache, list[int], list[Drafter]], None]
 
 
 def encode_prompt(bundle: Bundle, prompt: str | list[int], chat_template: bool) -> list[int]:
@@ -82,6 +83,45 @@ def _expected_accepted(g: list[float]) -> float:
     return total
 
 
+class VerifyCost:
+    """Smoothed time of one verification by the number of ids fed (1 .. gamma + 1).
+
+    On a GPU verifying gamma + 1 ids costs about one step; on a CPU it does not (DESIGN.md §6),
+    so the throughput reward charges each round what its verification really costs.
+    """
+
+    def __init__(self, gamma: int) -> None:
+        self.ms = [0.0] * (gamma + 2)
+
+    def add(self, fed: int, ms: float) -> None:
+        old = self.ms[fed]
+        self.ms[fed] = ms if old == 0 else 0.8 * old + 0.2 * ms
+
+    def __call__(self, fed: int) -> float:
+        if self.ms[fed]:
+            return self.ms[fed]
+        seen = [(abs(i - fed), m) for i, m in enumerate(self.ms) if m]
+        return min(seen)[1] if seen else 1.0
+
+
+def _reward(kind: str, g: list[float], gamma: int, drafted_ms: float, fed: int, cost: VerifyCost) -> float:
+    """The arm's reward in [0, 1] from per-position acceptance probabilities g (DESIGN.md formula 5).
+
+    bd: block divergence, mean of 1 - TV(p_j, q_j) over the gamma positions.
+    be: block efficiency, expected accepted / gamma.
+    throughput: expected tokens per second of the round, relative to the best a round can do
+    (gamma + 1 tokens from a free drafter); so a cheap drafter that accepts a little less can
+    beat a costly one, and a drafter that proposes nothing is charged one plain step.
+    """
+    if kind == "bd":
+        return sum(g) / gamma
+    e = _expected_accepted(g)
+    if kind == "be":
+        return e / gamma
+    best = (gamma + 1) / cost(gamma + 1)
+    return min(1.0, (1 + e) / (drafted_ms + cost(fed)) / best)
+
+
 class _Arm:
     """Per-request statistics of one drafter."""
 
@@ -103,10 +143,12 @@ def generate(bundle: Bundle, prompt: str | list[int], *, drafters: Any = None, p
              reward: str = "bd", gamma: int | None = None, max_new_tokens: int = 128,
              temperature: float = 0.0, top_p: float = 1.0, top_k: int = 0, seed: int = 0,
              chat_template: bool = True, full_info: bool = False, stop: StopSignal = None,
-             max_new_tokens_limit: int | None = None) -> Iterator[Event]:
+             max_new_tokens_limit: int | None = None, inspect: Inspect | None = None) -> Iterator[Event]:
     """Speculative generation with a bandit over drafters. Yields RoundEvents, then a Summary.
 
-    Raises InvalidInput (before yielding anything) for bad prompts or settings.
+    Raises InvalidInput (before yielding anything) for bad prompts or settings. `stop` ends the
+    generation at the next round boundary. `inspect(cache, ids, drafters)` is called after every
+    round with the live state (tests use it to check the KV caches against a fresh prefill).
     """
     st = validate_settings(bundle.drafter_names, drafters, policy, reward,
                            bundle.preset.gamma if gamma is None else gamma, max_new_tokens,
@@ -123,11 +165,12 @@ def generate(bundle: Bundle, prompt: str | list[int], *, drafters: Any = None, p
             f"gamma={st.gamma} it must be at most {bundle.max_context - st.max_new_tokens - st.gamma - 1:,} "
             f"tokens (the model's context is {bundle.max_context:,})"
         )
-    return _rounds(bundle, text_prompt, prompt_ids, st, stop)
+    return _rounds(bundle, text_prompt, prompt_ids, st, stop, inspect)
 
 
 @torch.inference_mode()
-def _rounds(bundle: Bundle, prompt: str, prompt_ids: list[int], st: Settings, stop: StopSignal) -> Iterator[Event]:
+def _rounds(bundle: Bundle, prompt: str, prompt_ids: list[int], st: Settings, stop: StopSignal,
+            inspect: Inspect | None) -> Iterator[Event]:
     t_start = time.perf_counter()
     dev = bundle.device
     s = Sampling(st.temperature, st.top_p, st.top_k)
@@ -158,7 +201,7 @@ def _rounds(bundle: Bundle, prompt: str, prompt_ids: list[int], st: Settings, st
 
     new_tokens = target_calls = accepted_total = 0
     draft_s = verify_s = overhead_s = 0.0
-    verify_ref_ms = 0.0  # smoothed time of one verification: the throughput reward's yardstick
+    verify_cost = VerifyCost(st.gamma)  # the throughput reward's yardstick
     regret = 0.0
     chosen_scored = 0.0  # full information: expected tokens of the arms actually pulled
     stop_reason = "max_new_tokens"
@@ -204,20 +247,13 @@ def _rounds(bundle: Bundle, prompt: str, prompt_ids: list[int], st: Settings, st
         accepted_total += v.accepted
         d_ms, v_ms = 1000 * (t2 - t1), 1000 * (t3 - t2)
         drafter.record_time(t2 - t1, len(tokens))
-        verify_ref_ms = v_ms if verify_ref_ms == 0 else 0.9 * verify_ref_ms + 0.1 * v_ms
+        verify_cost.add(len(inputs), v_ms)
 
-        # Rewards (DESIGN.md formula 5): block divergence, block efficiency or throughput.
-        def reward_of(g: list[float], drafted_ms: float) -> float:
-            if st.reward == "bd":
-                return sum(g) / st.gamma
-            e = _expected_accepted(g)
-            if st.reward == "be":
-                return e / st.gamma
-            # Expected tokens per second of the round, over the best a free drafter could do.
-            return min(1.0, (1 + e) / (st.gamma + 1) * verify_ref_ms / (drafted_ms + verify_ref_ms))
+        def reward_of(g: list[float], drafted_ms: float, fed: int) -> float:
+            return _reward(st.reward, g, st.gamma, drafted_ms, fed, verify_cost)
 
         # Block efficiency is the realised accepted share; the others use the per-position betas.
-        own = v.accepted / st.gamma if st.reward == "be" else reward_of(v.beta, d_ms)
+        own = v.accepted / st.gamma if st.reward == "be" else reward_of(v.beta, d_ms, len(inputs))
         t4 = time.perf_counter()
         rewards: list[float | None] = [None] * len(arms)
         feedback_s = 0.0
@@ -238,7 +274,8 @@ def _rounds(bundle: Bundle, prompt: str, prompt_ids: list[int], st: Settings, st
                         g = torch.where(valid, p_rows[torch.arange(m, device=dev), pred.clamp_min(0)], 0.0).tolist()
                     else:
                         g = torch.minimum(p_rows, pred).sum(-1).tolist()
-                rewards[i] = reward_of(g, d.ms_per_token * st.gamma)
+                # Had it drafted, it would have proposed up to gamma ids: charge that verification.
+                rewards[i] = reward_of(g, d.ms_per_token * st.gamma, st.gamma + 1)
                 tokens_i = 1 + _expected_accepted(g)
                 stats[names[i]].scored_tokens += tokens_i
                 if i == arm:
@@ -251,6 +288,8 @@ def _rounds(bundle: Bundle, prompt: str, prompt_ids: list[int], st: Settings, st
         pol.update(arm, rewards)
         for d in arms:
             d.observe(ids, Verified(start, inputs, logits, emitted))
+        if inspect is not None:
+            inspect(cache, ids, arms)
 
         a = stats[names[arm]]
         a.pulls += 1

@@ -95,7 +95,9 @@ def verify(
     return Verdict(n, token, p_x.tolist(), q_x.tolist(), beta.tolist(), ratio.tolist())
 
 
-def sample_or_argmax(logits: torch.Tensor, s: Sampling, generator: torch.Generator | None) -> tuple[torch.Tensor, torch.Tensor | None]:
+def sample_or_argmax(
+    logits: torch.Tensor, s: Sampling, generator: torch.Generator | None
+) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Next token from one row of logits [V], and its warped distribution (None when greedy)."""
     if s.greedy:
         return logits.argmax(-1), None

@@ -113,7 +113,8 @@ def validate_settings(available: list[str], drafters: Any = None, policy: Any = 
     if policy.startswith(("single:", "fixed:")):
         arm = policy.split(":", 1)[1]
         if arm not in names:
-            raise InvalidInput(f"policy {policy!r} names drafter {arm!r}, which is not among the chosen drafters ({', '.join(names)})")
+            chosen = ", ".join(names)
+            raise InvalidInput(f"policy {policy!r} names drafter {arm!r}, which is not among the chosen drafters ({chosen})")
     elif policy not in POLICIES:
         raise InvalidInput(f"unknown policy {policy!r}; choose one of {', '.join(POLICIES)} or single:<drafter>")
     if reward not in REWARDS:

@@ -1,0 +1,115 @@
+"""Greedy MetaSD output equals the target's own greedy `generate`, token for token."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+import torch
+
+from metasd import run, target_greedy
+from metasd.engine import encode_prompt
+from metasd.policies import POLICIES
+from tests.tiny import tiny_bundle
+
+# Varied prompts: copying, translation, code, maths, chat, lists, odd Unicode.
+PROMPTS = [
+    ("Summarize in one sentence: The city council met on Tuesday to discuss the new park. "
+     "Residents asked for more trees, a playground and benches. The council approved the plan.", True),
+    ("Translate to French: The weather is nice today and the children are playing outside.", True),
+    ("Write a Python function that returns the factorial of n.", True),
+    ("What is 17 + 25? Explain step by step.", True),
+    ("Tell me a short joke about computers.", True),
+    ("List three colours of the rainbow.", True),
+    ("Réponds en une phrase : quelle est la capitale de l'Italie ? 🇮🇹", True),
+    ("def fibonacci(n):\n    \"\"\"Return the n-th Fibonacci number.\"\"\"\n", False),
+    ("The quick brown fox jumps over the lazy dog. The quick brown fox", False),
+    ("Once upon a time, in a small village by the sea,", False),
+    ("1, 2, 3, 4, 5, 6, 7,", False),
+    ("Question: Who wrote Hamlet?\nAnswer:", False),
+]
+MAX_NEW = 32
+METHODS = [f"single:{d}" for d in ("prompt-lookup", "token-recycling", "layer-skip")] + list(POLICIES)
+
+
+@pytest.fixture(scope="module")
+def references(offline, reference_model):
+    refs = []
+    for prompt, chat in PROMPTS:
+        ids = encode_prompt(offline, prompt, chat)
+        inp = torch.tensor([ids])
+        out = reference_model.generate(inp, attention_mask=torch.ones_like(inp), do_sample=False,
+                                       max_new_tokens=MAX_NEW, eos_token_id=sorted(offline.eos_ids),
+                                       pad_token_id=sorted(offline.eos_ids)[0])
+        refs.append(out[0, len(ids):].tolist())
+    return refs
+
+
+@pytest.mark.offline_model
+@pytest.mark.parametrize("method", METHODS)
+def test_offline_greedy_identical(offline, references, method):
+    for (prompt, chat), ref in zip(PROMPTS, references, strict=True):
+        _, summary = run(offline, prompt, policy=method, max_new_tokens=MAX_NEW, chat_template=chat)
+        assert list(summary.token_ids) == ref, f"{method} differs from the target on {prompt[:40]!r}"
+
+
+@pytest.mark.offline_model
+def test_offline_greedy_full_info_and_rewards(offline, references):
+    # Full-information scoring and every reward kind only change which drafter is chosen.
+    for reward in ("bd", "be", "throughput"):
+        for (prompt, chat), ref in list(zip(PROMPTS, references, strict=True))[:4]:
+            rounds, s = run(offline, prompt, policy="metasd-ucb", reward=reward, full_info=True,
+                            max_new_tokens=MAX_NEW, chat_template=chat)
+            assert list(s.token_ids) == ref
+            assert s.regret_measured and all(r.regret_measured for r in rounds)
+            assert all(v is not None for r in rounds for v in r.rewards.values())
+
+
+@pytest.mark.offline_model
+def test_offline_target_untouched_by_self_drafter(offline):
+    # The layer-skip drafter shares the target's weights; the target must keep all its layers.
+    assert len(offline.target.model.layers) == offline.target.config.num_hidden_layers == 30
+    assert len(offline.models["layer-skip"].model.layers) == 20
+
+
+def test_tiny_greedy_many_seeds_and_switch_patterns():
+    """Random switching between every drafter kind, many seeds, gammas and drafter qualities."""
+    policies = ["uniform", "round-robin", "exp3", "thompson", "metasd-ucb", "hedge", "sequential-halving"]
+    for seed in range(24):
+        rng = random.Random(seed)
+        bundle = tiny_bundle(vocab=24, seed=seed, noise=rng.choice([0.05, 0.3, 1.0]), scale=rng.choice([1.0, 6.0]))
+        prompt = [rng.randrange(24) for _ in range(rng.randrange(1, 12))]
+        prompt = prompt + prompt[: rng.randrange(len(prompt) + 1)]  # repeats give prompt lookup matches
+        n = rng.randrange(1, 48)
+        ref = target_greedy(bundle, prompt, n)
+        for policy in policies:
+            gamma = rng.randrange(1, 8)
+            rounds, s = run(bundle, prompt, policy=policy, gamma=gamma, max_new_tokens=n, seed=seed,
+                            full_info=rng.random() < 0.5)
+            assert list(s.token_ids) == ref, (seed, policy, gamma)
+            assert s.new_tokens == n == sum(len(r.emitted) for r in rounds)
+            assert all(len(r.draft) <= gamma and r.accepted <= len(r.draft) for r in rounds)
+
+
+def test_tiny_greedy_mismatched_vocab_sizes():
+    """Drafters whose embedding tables are larger or smaller than the target's (shared tokenizer ids)."""
+    for drafter_vocab in (48, 36):
+        bundle = tiny_bundle(vocab=40, seed=3, noise=0.1, drafter_vocab=drafter_vocab, tokenizer_vocab=36)
+        prompt = [1, 5, 9, 2, 5, 9]
+        ref = target_greedy(bundle, prompt, 40)
+        rounds, s = run(bundle, prompt, policy="single:tiny-lm", max_new_tokens=40)
+        assert list(s.token_ids) == ref
+        assert sum(r.accepted for r in rounds) > 0, "a close drafter should have some drafts accepted"
+        assert all(t < 36 for r in rounds for t in r.draft), "drafters propose only the tokenizer's ids"
+
+
+def test_eos_stops_like_generate():
+    bundle = tiny_bundle(vocab=16, seed=5, scale=4.0)
+    prompt = [3, 1, 4, 1, 5]
+    free = target_greedy(bundle, prompt, 30)
+    eos = free[7]  # a token the target emits: make it the end-of-sequence token
+    bundle.target.generation_config.eos_token_id = eos
+    ref = target_greedy(bundle, prompt, 30)
+    for policy in ("single:tiny-lm", "single:prompt-lookup", "round-robin"):
+        _, s = run(bundle, prompt, policy=policy, max_new_tokens=30)
+        assert list(s.token_ids) == ref and s.token_ids[-1] == eos and s.stop_reason == "eos"

@@ -1,0 +1,83 @@
+"""Bandits on synthetic arms: they find the best drafter, regret grows sublinearly, and
+`probabilities()` is a distribution that matches how the policy actually chooses."""
+
+from __future__ import annotations
+
+import random
+
+import numpy as np
+import pytest
+
+from metasd.policies import POLICIES, make_policy
+
+MEANS = [0.35, 0.5, 0.65, 0.45]  # Bernoulli arms; arm 2 is the best
+ARMS = [f"d{i}" for i in range(len(MEANS))]
+
+
+def play(name: str, rounds: int, full_info: bool, seed: int = 0) -> tuple[np.ndarray, list[int]]:
+    """Pseudo-regret after each round, and the arms pulled."""
+    pol = make_policy(name, ARMS, seed=seed, horizon=rounds)
+    rng = random.Random(seed + 100)
+    regret, pulled, best = [], [], max(MEANS)
+    total = 0.0
+    for _ in range(rounds):
+        a = pol.choose()
+        draws = [1.0 if rng.random() < m else 0.0 for m in MEANS]
+        pol.update(a, draws if full_info else [draws[i] if i == a else None for i in range(len(MEANS))])
+        total += best - MEANS[a]
+        regret.append(total)
+        pulled.append(a)
+    return np.array(regret), pulled
+
+
+@pytest.mark.parametrize("name,full_info", [("metasd-ucb", False), ("hedge", True), ("thompson", False),
+                                            ("exp3", False), ("metasd-ucb", True)])
+def test_concentrates_on_best_arm_with_sublinear_regret(name, full_info):
+    regret, pulled = play(name, 8000, full_info)
+    late = pulled[4000:]
+    share = late.count(2) / len(late)
+    assert share > (0.6 if name == "exp3" else 0.85), f"{name} pulled the best arm {share:.0%} of late rounds"
+    # Sublinear: quadrupling the horizon must far less than quadruple the regret.
+    assert regret[7999] < 2.5 * regret[1999], (regret[1999], regret[7999])
+
+
+def test_uniform_regret_is_linear():
+    # The yardstick the test above can fail against: a policy that never learns.
+    regret, _ = play("uniform", 8000, False)
+    assert regret[7999] > 3.5 * regret[1999]
+
+
+@pytest.mark.parametrize("name", [*POLICIES, "single:d1"])
+def test_probabilities_form_a_distribution(name):
+    pol = make_policy(name, ARMS, seed=3, horizon=200)
+    rng = random.Random(0)
+    for _ in range(200):
+        p = pol.probabilities()
+        assert len(p) == len(ARMS) and all(x >= 0 for x in p) and sum(p) == pytest.approx(1.0)
+        a = pol.choose()
+        r = [rng.random() for _ in ARMS]
+        pol.update(a, r if pol.needs_full_info else [r[i] if i == a else None for i in range(len(ARMS))])
+
+
+@pytest.mark.parametrize("name", ["exp3", "epsilon-greedy", "uniform", "hedge"])
+def test_probabilities_match_choice_frequencies(name):
+    """For randomised policies, probabilities() is the distribution choose() draws from."""
+    pol = make_policy(name, ARMS, seed=5)
+    for i in range(50):  # learn a little so the distribution is not uniform
+        pol.update(i % 4, [MEANS[j] if pol.needs_full_info or j == i % 4 else None for j in range(4)])
+    p = np.array(pol.probabilities())
+    counts = np.bincount([pol.choose() for _ in range(6000)], minlength=4) / 6000
+    assert np.abs(counts - p).max() < 0.03
+
+
+def test_single_policy_and_unknown_names():
+    assert make_policy("single:d3", ARMS).choose() == 3
+    with pytest.raises(ValueError, match="not among"):
+        make_policy("single:nope", ARMS)
+    with pytest.raises(ValueError, match="unknown policy"):
+        make_policy("bogus", ARMS)
+
+
+def test_sequential_halving_commits_to_best():
+    _, pulled = play("sequential-halving", 4000, False, seed=1)
+    assert pulled[-500:].count(2) == 500

@@ -1,0 +1,111 @@
+"""Sampling is lossless: MetaSD's output distribution equals the target's (chi-square tests).
+
+Tiny vocabularies make the exact joint distribution of the first tokens cheap to enumerate,
+so every test compares counts against exact probabilities, not against another sampler.
+"""
+
+from __future__ import annotations
+
+import itertools
+
+import numpy as np
+import pytest
+import torch
+from scipy.stats import chisquare
+
+from metasd import run
+from metasd.drafters import fit_vocab
+from metasd.sampling import Sampling, verify, warp
+from tests.tiny import tiny_bundle
+
+VOCAB, N_TOKENS, SAMPLES = 6, 3, 1200
+
+
+def exact_joint(model, prompt: list[int], s: Sampling, n: int = N_TOKENS, vocab_out: int = VOCAB) -> dict:
+    """P(first n generated tokens) under `model` with warping `s`, by enumeration."""
+    probs: dict[tuple[int, ...], float] = {(): 1.0}
+    with torch.inference_mode():
+        for _ in range(n):
+            nxt = {}
+            for prefix, pr in probs.items():
+                logits = model(torch.tensor([prompt + list(prefix)])).logits[0, -1]
+                p = warp(fit_vocab(logits, vocab_out, vocab_out), s)
+                for t in range(vocab_out):
+                    if p[t] > 0:
+                        nxt[prefix + (t,)] = pr * float(p[t])
+            probs = nxt
+    return probs
+
+
+def chi_square_p(counts: dict, expected_probs: dict, total: int) -> float:
+    """p-value of observed counts against exact probabilities; cells expecting < 5 are merged."""
+    cells = list(itertools.product(range(VOCAB), repeat=N_TOKENS))
+    obs, exp, rest_o, rest_e = [], [], 0, 0.0
+    for c in cells:
+        e = expected_probs.get(c, 0.0) * total
+        if e >= 5:
+            obs.append(counts.get(c, 0))
+            exp.append(e)
+        else:
+            rest_o += counts.get(c, 0)
+            rest_e += e
+    zero = [c for c in cells if expected_probs.get(c, 0.0) == 0.0 and counts.get(c, 0)]
+    assert not zero, f"sampled sequences the target gives probability 0: {zero[:5]}"
+    if rest_e > 0:
+        obs.append(rest_o)
+        exp.append(rest_e)
+    exp_arr = np.array(exp) * (sum(obs) / sum(exp))  # guard float rounding in the totals
+    return float(chisquare(obs, exp_arr).pvalue)
+
+
+def sample_counts(bundle, prompt, policy: str, s: Sampling, gamma: int = 2) -> dict:
+    counts: dict[tuple[int, ...], int] = {}
+    for seed in range(SAMPLES):
+        _, summary = run(bundle, prompt, policy=policy, gamma=gamma, max_new_tokens=N_TOKENS,
+                         temperature=s.temperature, top_p=s.top_p, top_k=s.top_k, seed=seed)
+        counts[summary.token_ids] = counts.get(summary.token_ids, 0) + 1
+    return counts
+
+
+CASES = [
+    # A model drafter whose vocabulary is smaller: q = 0 on ids where p > 0.
+    ("single:tiny-lm", Sampling(1.0), dict(noise=0.8, drafter_vocab=5)),
+    # Deterministic drafters (q = one-hot of the draft).
+    ("single:token-recycling", Sampling(1.0), {}),
+    ("single:prompt-lookup", Sampling(0.8, top_p=0.9), {}),
+    # A bandit switching between all of them, with top-k warping on both p and q.
+    ("uniform", Sampling(1.2, top_k=4), dict(noise=0.5)),
+]
+
+
+@pytest.mark.parametrize("policy,s,kw", CASES, ids=[c[0] for c in CASES])
+def test_output_distribution_equals_target(policy, s, kw):
+    bundle = tiny_bundle(vocab=VOCAB, seed=11, scale=3.0, **kw)
+    prompt = [1, 2, 3, 1, 2, 3, 1, 2]  # repetitive, so prompt lookup drafts
+    target_p = exact_joint(bundle.target, prompt, s)
+    counts = sample_counts(bundle, prompt, policy, s)
+    p = chi_square_p(counts, target_p, SAMPLES)
+    assert p > 1e-3, f"{policy}: output distribution differs from the target's (chi-square p={p:.2e})"
+    if policy == "single:tiny-lm":
+        # The test has power: the same counts are clearly not the drafter's own distribution.
+        drafter_p = exact_joint(bundle.models["tiny-lm"], prompt, s)
+        assert chi_square_p(counts, drafter_p, SAMPLES) < 1e-6
+
+
+def test_verify_single_position_exact():
+    """One drafted position: P(output = x) equals p(x) exactly, computed from verify's own rule."""
+    torch.manual_seed(0)
+    p_logits = torch.randn(2, 5)
+    q = torch.softmax(torch.randn(1, 5), -1)
+    q[0, 3] = 0.0  # q has a zero where p does not
+    q = q / q.sum()
+    s = Sampling(1.0)
+    counts = np.zeros(5)
+    g = torch.Generator().manual_seed(1)
+    n = 20000
+    for _ in range(n):
+        x = torch.multinomial(q[0], 1, generator=g)
+        v = verify(p_logits, x, q, s, g)
+        counts[x.item() if v.accepted else v.token] += 1
+    p = torch.softmax(p_logits[0], -1).numpy()
+    assert chisquare(counts, p * n).pvalue > 1e-3
