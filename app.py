@@ -1,0 +1,622 @@
+"""MetaSD Studio: the live visualizer. Only the Gradio layer over the engine's event stream.
+
+Every view is a pure function in metasd/viz.py (events -> HTML, figures, tables); this file
+builds the page, keeps the loaded models, and wires engine events to components.
+
+    python app.py            # http://127.0.0.1:7860 (0.0.0.0:$PORT where the host sets PORT / SPACE_ID)
+"""
+
+import argparse
+import atexit
+import json
+import logging
+import os
+import shutil
+import tempfile
+import threading
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+import gradio as gr
+import pandas as pd
+import torch
+
+from metasd import viz
+from metasd.engine import encode_prompt, generate, target_greedy
+from metasd.engine import run as engine_run
+from metasd.events import RoundEvent, Summary
+from metasd.models import Bundle, load_bundle
+from metasd.playground import SynthDrafter, compare, expected_speedup, expected_tokens
+from metasd.policies import POLICIES, POLICY_HELP
+from metasd.presets import DEFAULT_PRESET, PRESETS
+from metasd.validation import InvalidInput
+
+try:  # ZeroGPU on Hugging Face Spaces: a GPU is attached only inside decorated calls.
+    import spaces
+
+    def gpu(fn):
+        return spaces.GPU(duration=120)(fn)
+except ImportError:  # anywhere else: a no-op
+
+    def gpu(fn):
+        return fn
+
+
+log = logging.getLogger("metasd.app")
+ROOT = Path(__file__).resolve().parent
+ASSETS = ROOT / "assets"
+HAS_CUDA = torch.cuda.is_available()
+# Generations that may run at once (each one holds the model): 1 on a CPU, 2 on a GPU.
+GEN_CONCURRENCY = int(os.environ.get("METASD_CONCURRENCY", "2" if HAS_CUDA else "1"))
+QUEUE_SIZE = int(os.environ.get("METASD_QUEUE_SIZE", "32"))
+MAX_NEW_TOKENS = 1024 if HAS_CUDA else 512
+COMPARE_MAX_PROMPTS = 40 if HAS_CUDA else 21
+TMP = Path(tempfile.mkdtemp(prefix="metasd-app-"))  # the app's own temp dir: run logs only
+atexit.register(shutil.rmtree, TMP, True)
+
+EXAMPLES: list[dict[str, Any]] = json.loads((ASSETS / "examples.json").read_text(encoding="utf-8"))
+TASKS = list(dict.fromkeys(e["category"] for e in EXAMPLES))
+TASK_TITLES = {"translation": "Translation", "summarization": "Summarization", "qa": "QA", "math": "Math",
+               "rag": "RAG", "code": "Code", "chat": "Chat"}
+REWARD_CHOICES = [("block divergence (bd)", "bd"), ("block efficiency (be)", "be"), ("throughput", "throughput")]
+
+
+# ----------------------------------------------------------------------------------------------
+# Models: only PRESETS names, each loaded once and shared by every request.
+
+
+def available_presets() -> list[str]:
+    """Hub presets need a CUDA GPU; on a CPU only the offline preset is offered."""
+    return [n for n, p in PRESETS.items() if HAS_CUDA or "gpu" not in p.tags]
+
+
+def default_preset() -> str:
+    want = os.environ.get("METASD_PRESET") or DEFAULT_PRESET
+    return want if want in available_presets() else DEFAULT_PRESET
+
+
+_bundles: dict[str, Bundle] = {}
+_bundle_lock = threading.Lock()
+
+
+def get_bundle(name: Any) -> Bundle:
+    """The loaded preset (loading it the first time). Anything but an offered preset name is refused."""
+    if not isinstance(name, str) or name not in available_presets():
+        raise InvalidInput(f"unknown preset {name!r}; this machine offers {', '.join(available_presets())}")
+    with _bundle_lock:
+        if name not in _bundles:
+            bundle = load_bundle(name)
+            _warm_up(bundle)
+            _bundles[name] = bundle
+        return _bundles[name]
+
+
+def _warm_up(bundle: Bundle) -> None:
+    """One short pass through both code paths, so the first timed request is not a cold start."""
+    ids = encode_prompt(bundle, "Hello!", True)
+    target_greedy(bundle, ids, 4)
+    engine_run(bundle, "Hello!", max_new_tokens=8)
+
+
+def _bundle(name: Any) -> Bundle:
+    try:
+        return get_bundle(name)
+    except InvalidInput as e:
+        raise gr.Error(str(e)) from None
+
+
+def _drafters_of(name: str) -> list[str]:
+    """The drafters a preset really has once loaded (a distilled drafter without weights is left out)."""
+    return get_bundle(name).drafter_names
+
+
+def _policy_choices(drafters: list[str]) -> list[str]:
+    return list(POLICIES) + [f"single:{d}" for d in drafters]
+
+
+def _preset_info(name: str) -> str:
+    if len(available_presets()) == 1:
+        return f"{PRESETS[name].target.split('/')[-1]} on the CPU (hub presets need a CUDA GPU)"
+    return "; ".join(f"{n}: {PRESETS[n].hardware}" for n in available_presets())
+
+
+def _policy_info(name: str) -> str:
+    if isinstance(name, str) and name.startswith("single:"):
+        return f"**{name}**: {name.split(':', 1)[1]} alone, plain speculative decoding without a bandit"
+    return f"**{name}**: {POLICY_HELP.get(name, 'unknown policy')}"
+
+
+# ----------------------------------------------------------------------------------------------
+# Generate: one page update per engine round.
+
+_stops: dict[str, threading.Event] = {}  # session -> the stop signal of its running generation
+
+
+def _session(request: gr.Request | None) -> str:
+    return getattr(request, "session_hash", None) or "api"
+
+
+def _baseline_key(preset: str, prompt: str, n: int) -> str:
+    return json.dumps([preset, prompt, n])
+
+
+def _view(record: dict[str, Any], baselines: dict[str, Any] | None, status: str = "") -> tuple:
+    """Every output of a round from the run record: token HTML, two figures, the numbers, the table."""
+    rounds: list[RoundEvent] = record["rounds"]
+    colors = viz.drafter_colors(record["all_drafters"])
+    summary: Summary | None = record.get("summary")
+    elapsed = summary.wall_s if summary else record["elapsed"]
+    base = (baselines or {}).get(_baseline_key(record["preset"], record["prompt"], rounds[-1].new_tokens)) if rounds else None
+    stats = viz.live_stats(rounds, elapsed, base["tokens_per_s"] if base else None)
+    note = base["note"] if base else ("Speed-up needs the target alone on this prompt: press \u201cMeasure target alone\u201d "
+                                      "or tick auto-measure.")
+    return (
+        viz.token_html(rounds, colors, status=status, placeholder="waiting for the first round ..."),
+        viz.arm_probability_figure(rounds, colors),
+        viz.regret_figure(rounds),
+        viz.stats_html(stats, note),
+        viz.drafter_table(rounds, record["drafters"]),
+    )
+
+
+@gpu
+def generate_view(prompt: str, preset: str = DEFAULT_PRESET, drafters: list[str] | None = None,
+                  policy: str = "metasd-ucb", reward: str = "bd", gamma: int = 4, max_new_tokens: int = 128,
+                  temperature: float = 0.0, top_p: float = 1.0, seed: int = 0, full_info: bool = False,
+                  baselines: dict | None = None, request: gr.Request = None):
+    """Stream a generation: one update per round (tokens HTML, arm probabilities, regret, numbers, table)."""
+    bundle = _bundle(preset)
+    names = bundle.drafter_names
+    if drafters is not None and len(drafters) == 0:
+        raise gr.Error("Tick at least one drafter.")
+    if drafters and not set(drafters) <= set(names) and list(drafters) == _drafters_of(default_preset()):
+        drafters = None  # the page's default list was sent along with another preset: use all of its drafters
+    stop = threading.Event()
+    key = _session(request)
+    _stops[key] = stop
+    t0 = time.perf_counter()
+    try:
+        events = generate(bundle, prompt, drafters=list(drafters) if drafters else None, policy=policy, reward=reward,
+                          gamma=gamma, max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p,
+                          seed=seed, full_info=full_info, stop=stop, max_new_tokens_limit=MAX_NEW_TOKENS)
+    except InvalidInput as e:
+        _stops.pop(key, None)
+        raise gr.Error(str(e)) from None
+    record: dict[str, Any] = {"preset": bundle.preset.name, "prompt": prompt, "rounds": [], "summary": None,
+                              "elapsed": 0.0, "all_drafters": names,
+                              "drafters": list(drafters) if drafters else names,
+                              "settings": {"policy": policy, "reward": reward, "gamma": gamma,
+                                           "max_new_tokens": max_new_tokens, "temperature": temperature,
+                                           "top_p": top_p, "seed": seed, "full_info": full_info}}
+    try:
+        for ev in events:
+            if isinstance(ev, Summary):
+                record = {**record, "summary": ev, "elapsed": time.perf_counter() - t0}
+                status = (f"done: {ev.new_tokens} tokens, {ev.target_calls} target calls, "
+                          f"{ev.tokens_per_s:.1f} tokens/s, stopped by {ev.stop_reason}")
+                yield (*_view(record, baselines, status), record)
+                break
+            record = {**record, "rounds": [*record["rounds"], ev], "elapsed": time.perf_counter() - t0}
+            yield (*_view(record, baselines, f"round {ev.round} \u00b7 {ev.new_tokens} tokens \u00b7 streaming ..."), record)
+    except InvalidInput as e:
+        raise gr.Error(str(e)) from None
+    except Exception as e:  # shown as a message, never a traceback; the log keeps the details
+        log.exception("generation failed")
+        raise gr.Error(f"Generation failed ({type(e).__name__}). Try a shorter prompt or fewer tokens.") from None
+    finally:
+        stop.set()
+        events.close()  # frees the drafters' caches and the target's KV cache
+        if _stops.get(key) is stop:
+            del _stops[key]
+
+
+def stop_generation(request: gr.Request = None) -> None:
+    """Stop button: signal the running generation (the event itself is cancelled by `cancels`)."""
+    ev = _stops.get(_session(request))
+    if ev is not None:
+        ev.set()
+
+
+def stopped_view(record: dict[str, Any] | None):
+    """After Stop: the token view keeps what was generated, marked as stopped."""
+    if not record or not record.get("rounds") or record.get("summary"):
+        return gr.skip()
+    rounds = record["rounds"]
+    colors = viz.drafter_colors(record["all_drafters"])
+    return viz.token_html(rounds, colors, status=f"stopped after {rounds[-1].new_tokens} tokens, {len(rounds)} rounds")
+
+
+def write_logs(record: dict[str, Any] | None):
+    """The per-round log as CSV and JSON, in the app's own temp dir, for the download buttons."""
+    if not record or not record.get("rounds"):
+        return gr.update(value=None, interactive=False), gr.update(value=None, interactive=False)
+    stem = TMP / f"metasd-run-{uuid.uuid4().hex[:10]}"
+    viz.rounds_frame(record["rounds"]).to_csv(stem.with_suffix(".csv"), index=False)
+    obj = viz.run_record(record["prompt"], record["rounds"], record.get("summary"),
+                         {"preset": record["preset"], "settings": record["settings"]})
+    stem.with_suffix(".json").write_text(json.dumps(obj, ensure_ascii=False, indent=1), encoding="utf-8")
+    return (gr.update(value=str(stem.with_suffix(".csv")), interactive=True),
+            gr.update(value=str(stem.with_suffix(".json")), interactive=True))
+
+
+def _measure_target(bundle: Bundle, prompt: str, n: int) -> tuple[list[int], float]:
+    ids = encode_prompt(bundle, prompt, True)
+    t = time.perf_counter()
+    out = target_greedy(bundle, ids, n)
+    return out, time.perf_counter() - t
+
+
+@gpu
+def measure_baseline(record: dict[str, Any] | None, baselines: dict | None, auto: bool = True, forced: bool = False):
+    """The target alone on the same prompt and token count, timed in this session (cached per prompt)."""
+    baselines = dict(baselines or {})
+    if not record or not record.get("rounds") or not (auto or forced):
+        return gr.skip(), baselines
+    rounds = record["rounds"]
+    n = rounds[-1].new_tokens
+    key = _baseline_key(record["preset"], record["prompt"], n)
+    if key not in baselines or forced:
+        bundle = _bundle(record["preset"])
+        out, secs = _measure_target(bundle, record["prompt"], n)
+        ours = [t for ev in rounds for t in ev.emitted]
+        note = f"Target alone measured on this prompt in this session: {len(out)} tokens in {secs:.2f} s."
+        if record["settings"]["temperature"] == 0:
+            same = out[: len(ours)] == ours
+            note += (" Output identical to the target's own greedy decoding \u2713" if same else
+                     " Output differs from the target's greedy decoding (check for tied logits).")
+        baselines[key] = {"tokens_per_s": len(out) / secs if secs > 0 else 0.0, "note": note}
+    return _view(record, baselines, "done")[3], baselines
+
+
+# ----------------------------------------------------------------------------------------------
+# Compare: drafters alone vs the bandit, on one prompt or a prompt set.
+
+
+def _method_runs(bundle: Bundle, prompt: str, methods: list[str], max_new_tokens: int,
+                 progress: gr.Progress, label: str, done: int, total: int) -> tuple[dict[str, Any], float, list[int]]:
+    progress((done, total), desc=f"{label}: target alone")
+    ids, secs = _measure_target(bundle, prompt, max_new_tokens)
+    base_tps = len(ids) / secs if secs > 0 else 0.0
+    out: dict[str, Any] = {}
+    for i, m in enumerate(methods, 1):
+        progress((done + i, total), desc=f"{label}: {m}")
+        drafters = [m.split(":", 1)[1]] if m.startswith("single:") else None
+        out[m] = engine_run(bundle, prompt, drafters=drafters, policy=m, max_new_tokens=max_new_tokens)
+    return out, base_tps, ids
+
+
+@gpu
+def compare_prompt(prompt: str, preset: str, policy: str, max_new_tokens: int,
+                   progress=gr.Progress()):  # noqa: B008  (gradio injects a tracker per call)
+    """One prompt under each drafter alone and under the bandit, side by side."""
+    bundle = _bundle(preset)
+    names = bundle.drafter_names
+    methods = [f"single:{d}" for d in names] + [policy]
+    try:
+        runs, base_tps, ref = _method_runs(bundle, prompt, methods, int(max_new_tokens), progress, "prompt", 0,
+                                           len(methods) + 1)
+    except InvalidInput as e:
+        raise gr.Error(str(e)) from None
+    colors = viz.drafter_colors(names)
+    rows = [{"method": "target alone", "new_tokens": len(ref), "tokens_per_s": round(base_tps, 2), "speedup": 1.0,
+             "identical_to_target": True}]
+    cells = []
+    for m, (rounds, s) in runs.items():
+        rows.append(viz.method_row(m, s, base_tps, list(s.token_ids) == ref[: len(s.token_ids)], "this prompt"))
+        cells.append(f"<div><h4>{viz._esc(m)} \u2014 {s.tokens_per_s:.1f} tok/s, "
+                     f"{s.tokens_per_s / base_tps:.2f}\u00d7</h4>"
+                     f"{viz.token_html(rounds, colors, legend=False)}</div>")
+    df = pd.DataFrame(rows)
+    grid = viz.legend_html(colors) + '<div class="cmp-grid">' + "".join(cells) + "</div>"
+    shown = df[["method", "new_tokens", "tokens_per_s", "speedup", "mean_accepted", "acceptance_rate", "target_calls",
+                "identical_to_target"]]
+    return shown, grid, viz.speedup_bars(df.assign(category="this prompt"), colors)
+
+
+@gpu
+def compare_set(source: str, upload: Any, per_category: int, preset: str, policy: str, max_new_tokens: int,
+                progress=gr.Progress()):  # noqa: B008  (gradio injects a tracker per call)
+    """A prompt set: each drafter alone and the bandit on every prompt; acceptance heatmap and speed-up bars."""
+    bundle = _bundle(preset)
+    try:
+        if source == "upload":
+            if not upload:
+                raise gr.Error("Upload a JSONL file (question_id, category, turns) first.")
+            items = viz.read_prompt_set(Path(upload).read_text(encoding="utf-8"))
+        else:
+            items = [{"question_id": e["question_id"], "category": e["category"], "prompt": e["turns"][0]} for e in EXAMPLES]
+    except (ValueError, UnicodeDecodeError) as e:
+        raise gr.Error(f"Could not read the prompt set: {e}") from None
+    items = viz.pick_per_category(items, int(per_category))
+    if len(items) > COMPARE_MAX_PROMPTS:
+        gr.Warning(f"Using the first {COMPARE_MAX_PROMPTS} of {len(items)} prompts.")
+        items = items[:COMPARE_MAX_PROMPTS]
+    methods = [f"single:{d}" for d in bundle.drafter_names] + [policy]
+    per = len(methods) + 1
+    rows = []
+    for k, it in enumerate(items):
+        try:
+            runs, base_tps, ref = _method_runs(bundle, it["prompt"], methods, int(max_new_tokens), progress,
+                                               f"{it['category']} {k + 1}/{len(items)}", k * per, len(items) * per)
+        except InvalidInput as e:
+            gr.Warning(f"Skipped {it['question_id']}: {e}")
+            continue
+        for m, (_, s) in runs.items():
+            rows.append(viz.method_row(m, s, base_tps, list(s.token_ids) == ref[: len(s.token_ids)],
+                                       it["category"], it["question_id"]))
+    df = pd.DataFrame(rows)
+    path = TMP / f"metasd-compare-{uuid.uuid4().hex[:10]}.csv"
+    df.to_csv(path, index=False)
+    colors = viz.drafter_colors(bundle.drafter_names)
+    return viz.acceptance_heatmap(df), viz.speedup_bars(df, colors), df, gr.update(value=str(path), interactive=True)
+
+
+# ----------------------------------------------------------------------------------------------
+# Bandit playground: synthetic drafters, thousands of rounds, no model.
+
+PLAYGROUND_DRAFTERS = pd.DataFrame(
+    [["prompt lookup", 0.45, 0.0], ["token recycling", 0.55, 0.02], ["small LM", 0.75, 0.08], ["large LM", 0.9, 0.35]],
+    columns=["drafter", "acceptance", "cost"],
+)
+
+
+def run_playground(table: pd.DataFrame, policies: list[str], gamma: int, rounds: int, reward: str, full_info: bool,
+                   spread: float, seed: int):
+    if not policies:
+        raise gr.Error("Pick at least one policy.")
+    try:
+        drafters = [SynthDrafter(str(r["drafter"]).strip() or f"arm {i}", float(r["acceptance"]), float(r["cost"]))
+                    for i, r in enumerate(table.to_dict("records")) if str(r.get("drafter", "")).strip()]
+        if len({d.name for d in drafters}) != len(drafters):
+            raise ValueError("drafter names must be distinct")
+        results = compare(policies, drafters, gamma=int(gamma), rounds=int(rounds), reward=reward,
+                          full_info=bool(full_info), spread=float(spread), seed=int(seed))
+    except (ValueError, TypeError, KeyError) as e:
+        raise gr.Error(f"Playground settings: {e}") from None
+    colors = viz.drafter_colors([d.name for d in drafters])
+    best = results[0].best
+    lines = ["| drafter | E[tokens / call] | speed-up E[tokens]/(\u03b3c+1) |", "|---|---|---|"]
+    for i, d in enumerate(drafters):
+        mark = " **(best)**" if i == best else ""
+        lines.append(f"| {d.name}{mark} | {expected_tokens(d.acceptance, int(gamma)):.2f} | "
+                     f"{expected_speedup(d.acceptance, int(gamma), d.cost):.2f}\u00d7 |")
+    return (viz.playground_probability_figure(results, colors), viz.playground_regret_figure(results),
+            viz.playground_table(results), "\n".join(lines))
+
+
+EXPLAIN = r"""
+### Speculative decoding
+A cheap **drafter** proposes $\gamma$ tokens; the **target** checks them all in one forward pass.
+Draft token $x$ (drafter probability $q(x)$, target probability $p(x)$) is accepted with probability
+$$\min\left(1, \frac{p(x)}{q(x)}\right)$$
+At the first rejection a replacement is sampled from $\mathrm{norm}(\max(0, p - q))$; if all $\gamma$ pass, the
+target adds a **bonus token**. The output has exactly the target's distribution (lossless). Per position the
+acceptance rate is $\beta = \sum_x \min(p(x), q(x)) = 1 - \mathrm{TV}(p, q)$, and with i.i.d. acceptance $\alpha$
+$$\mathbb{E}[\text{tokens per target call}] = \frac{1 - \alpha^{\gamma + 1}}{1 - \alpha}, \qquad
+\text{speed-up} = \frac{1 - \alpha^{\gamma + 1}}{(1 - \alpha)(\gamma c + 1)}$$
+where $c$ is the cost of one drafter step relative to one target step.
+
+### The bandit
+Each drafter is an **arm**; every round a policy picks one and observes a **reward** in $[0, 1]$.
+MetaSD's block divergence uses the target's distributions at every drafted position,
+$$r_{BD} = \frac{1}{\gamma} \sum_{j=1}^{\gamma} \left(1 - \mathrm{TV}(p_j, q_j)\right),$$
+far less noisy than the block efficiency $r_{BE} = \text{accepted} / \gamma$. MetaSD-UCB pulls every arm once, then
+$$a_t = \arg\max_i \; \hat{\mu}_i + \beta \sqrt{\frac{2 \ln t}{n_i}}$$
+With **full-information feedback** every drafter is scored on every verified chunk, and Hedge plays
+$P(i) \propto \exp(\eta \sum_s r_{i,s})$, whose regret grows with $\log K$ rather than $K$.
+Neither $r_{BD}$ nor $r_{BE}$ sees the drafter's cost; the **throughput** reward does.
+
+### Regret
+Tokens lost against the best drafter in hindsight. Here, with known rates: in the time $\tau_{a_t} = \gamma c_{a_t} + 1$
+the chosen drafter used, the best one would have produced $v^* \tau_{a_t}$ tokens ($v_i$ = expected tokens per target step), so
+$$R_T = \sum_{t=1}^{T} \left( v^* \tau_{a_t} - \mathbb{E}[\text{tokens}_{a_t}] \right)$$
+Good policies bend the curve flat (logarithmic); a cost-blind reward with an expensive, accurate drafter keeps it rising.
+"""
+
+
+# ----------------------------------------------------------------------------------------------
+# The page
+
+
+def build_demo() -> gr.Blocks:
+    presets = available_presets()
+    preset0 = default_preset()
+    drafters0 = _drafters_of(preset0)
+    gamma0 = PRESETS[preset0].gamma
+    with gr.Blocks(title="MetaSD Studio") as demo:
+        baselines = gr.State({})
+        record = gr.State(None)
+        gr.HTML(
+            '<div id="hero"><h1>MetaSD Studio <span class="pill">'
+            + ("GPU" if HAS_CUDA else "CPU \u00b7 offline")
+            + "</span></h1><p>Multi-drafter speculative decoding: a bandit picks, round by round, which drafter "
+            "proposes the next tokens; the target verifies them losslessly. Every token is coloured by the drafter "
+            "that proposed it.</p></div>"
+        )
+        with gr.Tabs():
+            # ---------------------------------------------------------------- Generate
+            with gr.Tab("Generate", id="generate"):
+                with gr.Row(equal_height=False):
+                    with gr.Column(scale=6):
+                        prompt = gr.Textbox(label="Prompt", lines=4, max_lines=14, elem_id="prompt",
+                                            placeholder="Ask something, or pick an example below", value=EXAMPLES[2]["turns"][0])
+                        with gr.Row():
+                            run_btn = gr.Button("Run", variant="primary", elem_id="run", scale=3)
+                            stop_btn = gr.Button("Stop", variant="stop", elem_id="stop", scale=1)
+                        with gr.Tabs(elem_id="examples"):
+                            for task in TASKS:
+                                with gr.Tab(TASK_TITLES.get(task, task)):
+                                    gr.Examples([[e["turns"][0]] for e in EXAMPLES if e["category"] == task], inputs=[prompt],
+                                                label=None, examples_per_page=4)
+                    with gr.Column(scale=5):
+                        with gr.Row():
+                            preset = gr.Dropdown(presets, value=preset0, label="Preset", scale=1, info=_preset_info(preset0),
+                                                 interactive=len(presets) > 1)
+                            policy = gr.Dropdown(_policy_choices(drafters0), value="metasd-ucb", label="Policy", scale=1,
+                                                 allow_custom_value=True, info="which drafter proposes each round")
+                        policy_help = gr.Markdown(_policy_info("metasd-ucb"), elem_classes="compact-md")
+                        drafters = gr.CheckboxGroup(drafters0, value=drafters0, label="Drafters (tick any subset)")
+                        reward = gr.Radio(REWARD_CHOICES, value="bd", label="Reward")
+                        with gr.Row():
+                            gamma = gr.Slider(1, 16, value=gamma0, step=1, label="Draft length \u03b3")
+                            max_new_tokens = gr.Slider(8, MAX_NEW_TOKENS, value=128, step=8, label="Max new tokens")
+                        with gr.Row():
+                            temperature = gr.Slider(0.0, 2.0, value=0.0, step=0.05, label="Temperature (0 = greedy)")
+                            top_p = gr.Slider(0.05, 1.0, value=1.0, step=0.05, label="Top-p")
+                            seed = gr.Number(0, label="Seed", precision=0, minimum=0, maximum=2**32 - 1, min_width=90)
+                        full_info = gr.Checkbox(False, label="Full-information feedback: score every drafter on every "
+                                                "verified chunk (measured regret; Hedge needs it)")
+                empty_tokens = viz.token_html([], viz.drafter_colors(drafters0), placeholder="Press Run to stream tokens here.")
+                tokens = gr.HTML(empty_tokens, elem_id="tokens", js_on_load=None)
+                with gr.Row():
+                    show_rejected = gr.Checkbox(True, label="Show rejected draft tokens", scale=0, min_width=240)
+                    auto_base = gr.Checkbox(True, label="Measure the target alone after each run (for the speed-up)",
+                                            scale=0, min_width=420)
+                    measure_btn = gr.Button("Measure target alone", size="sm", scale=0, min_width=180)
+                stats = gr.HTML(viz.stats_html(viz.live_stats([], 0.0)), elem_id="stats", js_on_load=None)
+                with gr.Row():
+                    arm_plot = gr.Plot(viz.arm_probability_figure([], viz.drafter_colors(drafters0)),
+                                       elem_id="arm-probabilities", show_label=False)
+                    regret_plot = gr.Plot(viz.regret_figure([]), elem_id="regret", show_label=False)
+                with gr.Row():
+                    table = gr.DataFrame(viz.drafter_table([], drafters0), label="Per drafter", interactive=False,
+                                         elem_id="drafter-table", scale=4)
+                    with gr.Column(scale=1, min_width=200):
+                        gr.Markdown("**Per-round log**", elem_classes="compact-md")
+                        csv_btn = gr.DownloadButton("CSV", size="sm", interactive=False)
+                        json_btn = gr.DownloadButton("JSON", size="sm", interactive=False)
+
+                gen_inputs = [prompt, preset, drafters, policy, reward, gamma, max_new_tokens, temperature, top_p, seed,
+                              full_info, baselines]
+                gen_outputs = [tokens, arm_plot, regret_plot, stats, table, record]
+                gen = gr.on([run_btn.click, prompt.submit], generate_view, gen_inputs, gen_outputs, api_name="generate",
+                            concurrency_limit=GEN_CONCURRENCY, concurrency_id="model", show_progress="hidden",
+                            trigger_mode="once")
+                after = gen.then(write_logs, record, [csv_btn, json_btn], api_visibility="private", queue=False)
+                after.then(measure_baseline, [record, baselines, auto_base], [stats, baselines], api_visibility="private",
+                           concurrency_limit=GEN_CONCURRENCY, concurrency_id="model", show_progress="minimal")
+                stopped = stop_btn.click(stop_generation, None, None, cancels=[gen], api_visibility="private", queue=False)
+                stopped.then(stopped_view, record, tokens, api_visibility="private", queue=False).then(
+                    write_logs, record, [csv_btn, json_btn], api_visibility="private", queue=False)
+                measure_btn.click(lambda r, b: measure_baseline(r, b, True, True), [record, baselines], [stats, baselines],
+                                  api_visibility="private", concurrency_limit=GEN_CONCURRENCY, concurrency_id="model")
+                show_rejected.change(None, show_rejected, None,
+                                     js="(v) => { document.getElementById('tokens').classList.toggle('hide-rejected', !v); }")
+
+                def on_preset(name: str):
+                    if name not in presets:
+                        raise gr.Error(f"unknown preset {name!r}")
+                    names = _drafters_of(name)
+                    return (gr.update(choices=names, value=names), gr.update(choices=_policy_choices(names), value="metasd-ucb"),
+                            gr.update(value=PRESETS[name].gamma))
+
+                policy.change(_policy_info, policy, policy_help, api_visibility="private", queue=False)
+                preset.change(on_preset, preset, [drafters, policy, gamma], api_visibility="private",
+                              concurrency_limit=1, concurrency_id="load")
+
+            # ---------------------------------------------------------------- Compare
+            with gr.Tab("Compare", id="compare"):
+                gr.Markdown("Each drafter alone (`single:<name>`) and the bandit, greedy, against the target alone measured "
+                            "in the same run. Speed-ups are measured, never computed from formulas.", elem_classes="compact-md")
+                with gr.Row():
+                    c_preset = gr.Dropdown(presets, value=preset0, label="Preset", scale=1)
+                    c_policy = gr.Dropdown([n for n in POLICIES], value="metasd-ucb", label="Bandit policy", scale=1)
+                    c_tokens = gr.Slider(8, 256, value=64, step=8, label="Max new tokens", scale=2)
+                with gr.Accordion("One prompt, side by side", open=True):
+                    c_prompt = gr.Textbox(label="Prompt", lines=3, value=EXAMPLES[8]["turns"][0])
+                    c_btn = gr.Button("Compare drafters on this prompt", variant="primary")
+                    c_table = gr.DataFrame(label="Methods (greedy; speed-up against the target alone, measured here)",
+                                           interactive=False)
+                    c_bars = gr.Plot(show_label=False)
+                    c_views = gr.HTML(js_on_load=None)
+                    c_btn.click(compare_prompt, [c_prompt, c_preset, c_policy, c_tokens], [c_table, c_views, c_bars],
+                                api_name="compare", concurrency_limit=GEN_CONCURRENCY, concurrency_id="model")
+                with gr.Accordion("A prompt set: acceptance by drafter and task", open=True):
+                    with gr.Row():
+                        s_source = gr.Radio([("built-in examples", "examples"), ("uploaded JSONL", "upload")],
+                                            value="examples", label="Prompts")
+                        s_file = gr.File(label="Spec-Bench JSONL (question_id, category, turns)", file_types=[".jsonl", ".json"])
+                        s_per = gr.Slider(1, 10, value=1, step=1, label="Prompts per category")
+                    s_btn = gr.Button("Run the prompt set", variant="primary")
+                    with gr.Row():
+                        s_heat = gr.Plot(show_label=False)
+                        s_bars = gr.Plot(show_label=False)
+                    s_table = gr.DataFrame(pd.DataFrame(columns=["method", "question_id", "category", "tokens_per_s",
+                                                                 "speedup", "acceptance_rate"]),
+                                           label="Results (one row per method and prompt)", interactive=False, max_height=320)
+                    s_csv = gr.DownloadButton("Download results.csv", size="sm", interactive=False)
+                    s_btn.click(compare_set, [s_source, s_file, s_per, c_preset, c_policy, c_tokens],
+                                [s_heat, s_bars, s_table, s_csv], api_name="compare_set",
+                                concurrency_limit=GEN_CONCURRENCY, concurrency_id="model")
+
+            # ---------------------------------------------------------------- Playground
+            with gr.Tab("Bandit playground", id="playground"):
+                with gr.Row(equal_height=False):
+                    with gr.Column(scale=5):
+                        p_table = gr.DataFrame(PLAYGROUND_DRAFTERS, interactive=True,
+                                               label="Synthetic drafters (edit: acceptance \u03b1 in [0, 1], "
+                                               "cost c = drafter step / target step)",
+                                               datatype=["str", "number", "number"], row_count=4)
+                        p_policies = gr.CheckboxGroup(list(POLICIES), value=["metasd-ucb", "exp3", "thompson", "hedge"],
+                                                      label="Policies, side by side")
+                        with gr.Row():
+                            p_reward = gr.Radio(REWARD_CHOICES, value="throughput", label="Reward",
+                                                info="try block divergence: it ignores cost and picks the large LM")
+                            p_full = gr.Checkbox(False, label="Full-information feedback for all")
+                        with gr.Row():
+                            p_gamma = gr.Slider(1, 16, value=4, step=1, label="\u03b3")
+                            p_rounds = gr.Slider(100, 20000, value=3000, step=100, label="Rounds")
+                            p_spread = gr.Slider(0.5, 50, value=8, step=0.5, label="Context spread \u03ba")
+                            p_seed = gr.Number(0, label="Seed", precision=0, minimum=0)
+                        p_btn = gr.Button("Simulate", variant="primary")
+                        p_values = gr.Markdown()
+                    with gr.Column(scale=5, elem_classes="explain"):
+                        gr.Markdown(EXPLAIN, latex_delimiters=[{"left": "$$", "right": "$$", "display": True},
+                                                               {"left": "$", "right": "$", "display": False}])
+                p_regret = gr.Plot(show_label=False)
+                p_probs = gr.Plot(show_label=False)
+                p_summary = gr.DataFrame(label="Policies", interactive=False)
+                p_inputs = [p_table, p_policies, p_gamma, p_rounds, p_reward, p_full, p_spread, p_seed]
+                p_btn.click(run_playground, p_inputs, [p_probs, p_regret, p_summary, p_values], api_name="playground",
+                            concurrency_limit=4)
+                demo.load(run_playground, p_inputs, [p_probs, p_regret, p_summary, p_values], api_visibility="private")
+    return demo
+
+
+THEME = gr.themes.Soft(primary_hue="indigo", neutral_hue="slate",
+                       font=["Inter", "ui-sans-serif", "system-ui", "sans-serif"],
+                       font_mono=["ui-monospace", "JetBrains Mono", "Menlo", "monospace"])
+CSS = (ASSETS / "style.css").read_text(encoding="utf-8")
+
+
+def server_address() -> tuple[str, int]:
+    """127.0.0.1 by default; 0.0.0.0 where the host says so ($GRADIO_SERVER_NAME, $PORT, $SPACE_ID)."""
+    hosted = bool(os.environ.get("PORT") or os.environ.get("SPACE_ID"))
+    host = os.environ.get("GRADIO_SERVER_NAME") or ("0.0.0.0" if hosted else "127.0.0.1")
+    port = int(os.environ.get("PORT") or os.environ.get("GRADIO_SERVER_PORT") or 7860)
+    return host, port
+
+
+def launch(demo: gr.Blocks | None = None, host: str | None = None, port: int | None = None, **kwargs: Any):
+    """Queue (bounded) and serve the page; returns what Blocks.launch returns."""
+    demo = demo or build_demo()
+    h, p = server_address()
+    demo.queue(max_size=QUEUE_SIZE, default_concurrency_limit=GEN_CONCURRENCY)
+    return demo.launch(server_name=host or h, server_port=port or p, theme=THEME, css=CSS, footer_links=["api"],
+                       allowed_paths=[str(TMP)], **kwargs)
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(description="MetaSD Studio: the live visualizer")
+    ap.add_argument("--host", default=None, help="bind address (default 127.0.0.1, or 0.0.0.0 when hosted)")
+    ap.add_argument("--port", type=int, default=None, help="port (default $PORT or 7860)")
+    a = ap.parse_args(argv)
+    logging.basicConfig(level=logging.INFO)
+    get_bundle(default_preset())  # models load once, at start-up
+    launch(host=a.host, port=a.port)
+
+
+if __name__ == "__main__":
+    main()

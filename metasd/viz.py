@@ -1,0 +1,466 @@
+"""Pure functions from engine events to what the visualizer shows: HTML, plotly figures, tables.
+
+Nothing here imports gradio or touches a model: every function takes RoundEvents (or plain
+numbers) and returns a string, a `plotly.graph_objects.Figure` or a `pandas.DataFrame`, so
+the whole view can be tested without a browser. The app only wires these to components.
+
+Token view vocabulary (the same as the engine's):
+- accepted: a drafted token the target kept, coloured by the drafter that proposed it;
+- target: the token the target supplied itself (the correction after a rejection, or the bonus
+  token after a fully accepted draft), in a neutral style;
+- rejected: drafted tokens the target did not keep, struck through in their drafter's colour.
+"""
+
+from __future__ import annotations
+
+import html
+import json
+import math
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
+
+import pandas as pd
+import plotly.graph_objects as go
+from plotly.subplots import make_subplots
+
+from metasd.events import RoundEvent, Summary
+
+# Colour-blind-friendly, distinct on white; a drafter keeps its colour by its index in the preset.
+PALETTE = ("#2F6FDE", "#E8730C", "#1E9E62", "#B03FC4", "#D12E52", "#0F9CB0", "#A68A00", "#7A5230", "#5B6B7F")
+TARGET_COLOR = "#6B7280"
+FONT = "Inter, ui-sans-serif, system-ui, -apple-system, 'Segoe UI', sans-serif"
+# A compact template (a few hundred bytes): the page re-sends every figure each round, and
+# plotly's named templates ("plotly_white") add about 7 kB to every update.
+_AXIS = dict(gridcolor="#EEF0F3", linecolor="#D1D5DB", zeroline=False, ticks="", automargin=True)
+TEMPLATE = go.layout.Template(layout=dict(paper_bgcolor="white", plot_bgcolor="white", colorway=list(PALETTE),
+                                          xaxis=_AXIS, yaxis=_AXIS))
+
+
+# --------------------------------------------------------------------------------------------
+# Colours and the token view
+
+
+def drafter_colors(names: Sequence[str]) -> dict[str, str]:
+    """A stable colour per drafter, by its position in the preset's list."""
+    return {n: PALETTE[i % len(PALETTE)] for i, n in enumerate(names)}
+
+
+def _rgba(hex_color: str, alpha: float) -> str:
+    h = hex_color.lstrip("#")
+    r, g, b = (int(h[i : i + 2], 16) for i in (0, 2, 4))
+    return f"rgba({r},{g},{b},{alpha:g})"
+
+
+def _esc(text: str) -> str:
+    return html.escape(text, quote=True)
+
+
+def _fmt(x: float | None) -> str:
+    if x is None or (isinstance(x, float) and math.isnan(x)):
+        return "n/a"
+    return f"{x:.3f}"
+
+
+def _visible(piece: str) -> str:
+    """A rejected piece shown inline: newlines and empty pieces get a visible stand-in."""
+    if piece == "":
+        return "\u2205"  # empty set sign: a token with no text of its own (special or mid-character)
+    return piece.replace("\n", "\u21b5")
+
+
+def _known(values: Sequence[float], j: int) -> float | None:
+    return values[j] if j < len(values) else None
+
+
+def round_spans(ev: RoundEvent, colors: Mapping[str, str]) -> list[str]:
+    """The HTML spans of one round, in reading order: accepted, rejected (in place), target token."""
+    c = colors.get(ev.drafter, TARGET_COLOR)
+    acc_style = f"background:{_rgba(c, 0.16)};border-bottom:2px solid {c}"
+    rej_style = f"color:{c};text-decoration:line-through;text-decoration-color:{c}"
+    out: list[str] = []
+    n_acc = min(ev.accepted, len(ev.emitted))
+
+    def tip(j: int, verdict: str) -> str:
+        p, q, a = _known(ev.p_draft, j), _known(ev.q_draft, j), _known(ev.accept_prob, j)
+        return _esc(f"round {ev.round} \u00b7 {ev.drafter} \u00b7 draft position {j + 1}: {verdict}\n"
+                    f"p = {_fmt(p)}   q = {_fmt(q)}   accept prob = min(1, p/q) = {_fmt(a)}")
+
+    for j in range(n_acc):
+        text = ev.emitted_text[j] if j < len(ev.emitted_text) else ""
+        out.append(f'<span class="tok acc" data-drafter="{_esc(ev.drafter)}" style="{acc_style}" '
+                   f'title="{tip(j, "accepted")}">{_esc(text)}</span>')
+    for j in range(ev.accepted, len(ev.draft)):
+        verdict = "rejected" if j == ev.accepted else "discarded (after the first rejection)"
+        piece = ev.draft_text[j] if j < len(ev.draft_text) else f"<{ev.draft[j]}>"
+        out.append(f'<span class="tok rej" data-drafter="{_esc(ev.drafter)}" style="{rej_style}" '
+                   f'title="{tip(j, verdict)}">{_esc(_visible(piece))}</span>')
+    for j in range(n_acc, len(ev.emitted)):  # normally one: the target's own token
+        text = ev.emitted_text[j] if j < len(ev.emitted_text) else ""
+        if not ev.draft:
+            why = "no draft this round: a plain target step"
+        elif ev.bonus:
+            why = f"bonus token after all {len(ev.draft)} drafted tokens were accepted"
+        else:
+            why = f"correction after rejecting draft position {ev.accepted + 1}"
+        title = _esc(f"round {ev.round} \u00b7 target: {why}")
+        out.append(f'<span class="tok tgt" title="{title}">{_esc(text)}</span>')
+    return out
+
+
+def legend_html(colors: Mapping[str, str], used: Iterable[str] | None = None) -> str:
+    """Chips naming each drafter's colour, plus the target's neutral style and a rejected sample."""
+    names = list(colors) if used is None else [n for n in colors if n in set(used)]
+    chips = [f'<span class="chip" data-drafter="{_esc(n)}"><span class="sw" style="background:{_rgba(colors[n], 0.25)};'
+             f'border-color:{colors[n]}"></span>{_esc(n)}</span>' for n in names]
+    chips.append('<span class="chip"><span class="sw sw-tgt"></span>target (correction / bonus)</span>')
+    chips.append('<span class="chip"><span class="chip-rej">rejected</span></span>')
+    return '<div class="tok-legend">' + "".join(chips) + "</div>"
+
+
+def token_html(rounds: Sequence[RoundEvent], colors: Mapping[str, str], *, show_rejected: bool = True,
+               legend: bool = True, status: str = "", placeholder: str = "") -> str:
+    """The streamed output: every round's spans, with a legend on top.
+
+    `show_rejected=False` leaves the rejected spans out of the HTML (the page can also hide them
+    with the `hide-rejected` class on the container, without re-rendering).
+    """
+    spans: list[str] = []
+    for ev in rounds:
+        spans.extend(s for s in round_spans(ev, colors) if show_rejected or 'class="tok rej"' not in s)
+    body = "".join(spans) or f'<span class="tok-empty">{_esc(placeholder)}</span>'
+    head = legend_html(colors, used=None) if legend else ""
+    foot = f'<div class="tok-status">{_esc(status)}</div>' if status else ""
+    return f'<div class="tok-view">{head}<div class="tok-stream">{body}</div>{foot}</div>'
+
+
+def output_text(rounds: Sequence[RoundEvent]) -> str:
+    """The generated text, exactly as the token view shows it (accepted + target tokens)."""
+    return "".join("".join(ev.emitted_text) for ev in rounds)
+
+
+# --------------------------------------------------------------------------------------------
+# Figures
+
+
+def _layout_dict(title: str, height: int = 280, **kw: Any) -> dict[str, Any]:
+    """The shared compact layout: small margins, small fonts, legend on top, a light template."""
+    return dict(
+        template=TEMPLATE, height=height, title=dict(text=title, x=0.01, y=0.97, font=dict(size=13)),
+        margin=dict(l=44, r=12, t=36, b=34), font=dict(family=FONT, size=11),
+        legend=dict(orientation="h", yanchor="bottom", y=1.0, x=1.0, xanchor="right", font=dict(size=10)),
+        hovermode="x unified", uirevision="keep", **kw,
+    )
+
+
+def _layout(fig: go.Figure, title: str, height: int = 280, **kw: Any) -> go.Figure:
+    fig.update_layout(**_layout_dict(title, height, **kw))
+    return fig
+
+
+# The two live figures are rebuilt every round, so they are built from plain dicts in one
+# go.Figure call (about 10x cheaper than make_subplots + add_trace + update_* per round).
+
+
+def arm_probability_figure(rounds: Sequence[RoundEvent], colors: Mapping[str, str]) -> go.Figure:
+    """The policy's probability of each arm per round (stacked), and which arm was pulled."""
+    names = list(rounds[0].probabilities) if rounds else list(colors)
+    x = [ev.round for ev in rounds]
+    data: list[dict[str, Any]] = []
+    for n in names:
+        c = colors.get(n, TARGET_COLOR)
+        data.append(dict(type="scatter", x=x, y=[ev.probabilities.get(n, 0.0) for ev in rounds], name=n, mode="lines",
+                         stackgroup="p", line=dict(width=0.8, color=c, shape="hv"), fillcolor=_rgba(c, 0.45),
+                         hovertemplate="%{y:.2f}", xaxis="x", yaxis="y"))
+    for n in names:
+        xs = [ev.round for ev in rounds if ev.drafter == n]
+        data.append(dict(type="scatter", x=xs, y=[n] * len(xs), mode="markers", showlegend=False, name=f"pulled {n}",
+                         marker=dict(symbol="line-ns", size=9, line=dict(width=2, color=colors.get(n))),
+                         hovertemplate="pulled", xaxis="x", yaxis="y2"))
+    xr = None if rounds else [0.5, 10.5]
+    layout = _layout_dict(
+        "Arm probabilities and the arm pulled each round", height=300,
+        xaxis=dict(anchor="y2", domain=[0, 1], title=dict(text="round"), range=xr),
+        yaxis=dict(domain=[0.3, 1], range=[0, 1.0001], title=dict(text="P(arm)")),
+        yaxis2=dict(domain=[0, 0.22], anchor="x", type="category", categoryorder="array", categoryarray=names[::-1],
+                    range=[-0.5, len(names) - 0.5], showticklabels=False, showgrid=False),
+    )
+    return go.Figure(data=data, layout=layout)
+
+
+def regret_label(measured: bool) -> str:
+    return "measured (full information)" if measured else "estimated (bandit feedback)"
+
+
+def regret_figure(rounds: Sequence[RoundEvent]) -> go.Figure:
+    """Cumulative regret in tokens against the best drafter in hindsight."""
+    measured = bool(rounds and rounds[-1].regret_measured)
+    data = [dict(type="scatter", x=[ev.round for ev in rounds], y=[ev.regret for ev in rounds], mode="lines",
+                 name=regret_label(measured), line=dict(color="#111827", width=2), fill="tozeroy",
+                 fillcolor="rgba(17,24,39,0.07)", hovertemplate="%{y:.2f} tokens")]
+    layout = _layout_dict(
+        f"Cumulative regret vs the best drafter in hindsight \u2014 {regret_label(measured)}", showlegend=True,
+        xaxis=dict(title=dict(text="round"), range=None if rounds else [0.5, 10.5]),
+        yaxis=dict(title=dict(text="tokens"), rangemode="tozero", range=None if rounds else [0, 2]),
+    )
+    return go.Figure(data=data, layout=layout)
+
+
+def empty_figure(title: str, note: str = "", height: int = 280) -> go.Figure:
+    fig = go.Figure()
+    if note:
+        fig.add_annotation(text=note, showarrow=False, x=0.5, y=0.5, xref="paper", yref="paper",
+                           font=dict(color="#6B7280", size=12))
+    fig.update_xaxes(visible=False)
+    fig.update_yaxes(visible=False)
+    return _layout(fig, title, height=height)
+
+
+# --------------------------------------------------------------------------------------------
+# Numbers and tables
+
+
+def drafter_table(rounds: Sequence[RoundEvent], names: Sequence[str] | None = None) -> pd.DataFrame:
+    """Per drafter: pulls, acceptance rate, mean reward, tokens per target call, time share."""
+    if names is None:
+        names = list(rounds[0].probabilities) if rounds else []
+    total_ms = sum(ev.draft_ms + ev.verify_ms for ev in rounds) or 1.0
+    rows = []
+    for n in names:
+        mine = [ev for ev in rounds if ev.drafter == n]
+        drafted = sum(len(ev.draft) for ev in mine)
+        accepted = sum(ev.accepted for ev in mine)
+        rows.append({
+            "drafter": n,
+            "pulls": len(mine),
+            "acceptance rate": round(accepted / drafted, 3) if drafted else float("nan"),
+            "mean reward": round(sum(ev.reward for ev in mine) / len(mine), 3) if mine else float("nan"),
+            "tokens / call": round(sum(len(ev.emitted) for ev in mine) / len(mine), 2) if mine else float("nan"),
+            "time share": round(sum(ev.draft_ms + ev.verify_ms for ev in mine) / total_ms, 3),
+        })
+    return pd.DataFrame(rows, columns=["drafter", "pulls", "acceptance rate", "mean reward", "tokens / call", "time share"])
+
+
+def live_stats(rounds: Sequence[RoundEvent], elapsed_s: float, baseline_tps: float | None = None) -> dict[str, Any]:
+    """Running numbers: tokens/s over the wall time so far, target calls, accepted per call, speed-up.
+
+    The speed-up is only given against a measured baseline (the target alone, same prompt).
+    """
+    new = rounds[-1].new_tokens if rounds else 0
+    calls = len(rounds)
+    tps = new / elapsed_s if elapsed_s > 0 else 0.0
+    return {
+        "new_tokens": new,
+        "tokens_per_s": tps,
+        "target_calls": calls,
+        "mean_accepted": sum(ev.accepted for ev in rounds) / calls if calls else 0.0,
+        "tokens_per_call": new / calls if calls else 0.0,
+        "elapsed_s": elapsed_s,
+        "baseline_tps": baseline_tps,
+        "speedup": tps / baseline_tps if baseline_tps and tps else None,
+    }
+
+
+def stats_html(stats: Mapping[str, Any], note: str = "") -> str:
+    """Stat cards for the live numbers."""
+    sp = stats.get("speedup")
+    base = stats.get("baseline_tps")
+    cards = [
+        ("tokens/s", f"{stats['tokens_per_s']:.1f}", f"{stats['new_tokens']} tokens in {stats['elapsed_s']:.2f} s"),
+        ("target calls", f"{stats['target_calls']}", f"{stats['tokens_per_call']:.2f} tokens per call"),
+        ("accepted / call", f"{stats['mean_accepted']:.2f}", "mean accepted draft tokens"),
+        ("speed-up", f"{sp:.2f}\u00d7" if sp else "\u2014",
+         f"target alone: {base:.1f} tokens/s" if base else "not measured yet"),
+    ]
+    body = "".join(f'<div class="card"><div class="card-k">{_esc(k)}</div><div class="card-v">{_esc(v)}</div>'
+                   f'<div class="card-s">{_esc(s)}</div></div>' for k, v, s in cards)
+    foot = f'<div class="cards-note">{_esc(note)}</div>' if note else ""
+    return f'<div class="cards">{body}</div>{foot}'
+
+
+def rounds_frame(rounds: Sequence[RoundEvent]) -> pd.DataFrame:
+    """The per-round log, one row per round (lists joined with spaces), for CSV download."""
+    cols = ["round", "drafter", "draft", "accepted", "emitted", "target_token", "bonus", "p_draft", "q_draft",
+            "accept_prob", "reward", "regret", "regret_measured", "draft_ms", "verify_ms", "overhead_ms", "new_tokens",
+            "emitted_text", "draft_text"]
+    rows = []
+    for ev in rounds:
+        d = ev.to_json()
+        for k in ("draft", "emitted"):
+            d[k] = " ".join(map(str, d[k]))
+        for k in ("p_draft", "q_draft", "accept_prob"):
+            d[k] = " ".join(f"{x:.4g}" for x in d[k])
+        for k in ("emitted_text", "draft_text"):
+            d[k] = json.dumps(d[k], ensure_ascii=False)
+        for n, p in ev.probabilities.items():
+            d[f"prob[{n}]"] = p
+        for n, r in ev.rewards.items():
+            d[f"reward[{n}]"] = r
+        rows.append(d)
+    extra = [c for c in (rows[0] if rows else {}) if c.startswith(("prob[", "reward["))]
+    return pd.DataFrame(rows, columns=cols + extra)
+
+
+def run_record(prompt: str, rounds: Sequence[RoundEvent], summary: Summary | None,
+               extra: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """The JSON log of a run, shaped like the CLI's `--json` object."""
+    return {
+        "prompt": prompt,
+        "text": summary.text if summary else output_text(rounds),
+        "token_ids": list(summary.token_ids) if summary else [t for ev in rounds for t in ev.emitted],
+        "rounds": [ev.to_json() for ev in rounds],
+        "stats": summary.stats_json() if summary else None,
+        "config": summary.config if summary else {},
+        **(extra or {}),
+    }
+
+
+# --------------------------------------------------------------------------------------------
+# Compare: one prompt under several methods; a prompt set into a heatmap and a bar chart
+
+
+def method_row(method: str, summary: Summary, baseline_tps: float | None, identical: bool | None,
+               category: str = "", question_id: Any = "") -> dict[str, Any]:
+    drafted = sum(d.drafted for d in summary.drafters)
+    accepted = sum(d.accepted for d in summary.drafters)
+    return {
+        "method": method, "question_id": question_id, "category": category,
+        "new_tokens": summary.new_tokens, "wall_s": round(summary.wall_s, 3),
+        "tokens_per_s": round(summary.tokens_per_s, 2), "target_calls": summary.target_calls,
+        "mean_accepted": round(summary.mean_accepted, 3),
+        "acceptance_rate": round(accepted / drafted, 3) if drafted else 0.0,
+        "speedup": round(summary.tokens_per_s / baseline_tps, 3) if baseline_tps else None,
+        "identical_to_target": identical,
+    }
+
+
+def acceptance_heatmap(df: pd.DataFrame) -> go.Figure:
+    """Acceptance rate by drafter (rows of `single:<name>` methods) and task category."""
+    single = df[df["method"].astype(str).str.startswith("single:")] if len(df) else df
+    if not len(single):
+        return empty_figure("Acceptance rate by drafter and task", "run a prompt set")
+    t = single.assign(drafter=single["method"].str.split(":", n=1).str[1]).pivot_table(
+        index="drafter", columns="category", values="acceptance_rate", aggfunc="mean")
+    fig = go.Figure(go.Heatmap(z=t.values, x=list(t.columns), y=list(t.index), zmin=0, zmax=1, colorscale="Blues",
+                               text=[[f"{v:.0%}" if v == v else "" for v in row] for row in t.values],
+                               texttemplate="%{text}", hovertemplate="%{y} on %{x}: %{z:.1%}<extra></extra>",
+                               colorbar=dict(thickness=10, tickformat=".0%")))
+    fig.update_layout(hovermode="closest")
+    return _layout(fig, "Acceptance rate by drafter and task", height=90 + 38 * len(t.index))
+
+
+def speedup_bars(df: pd.DataFrame, colors: Mapping[str, str] | None = None) -> go.Figure:
+    """Mean measured speed-up over the target alone, per method and task category.
+
+    `single:<drafter>` bars take their drafter's colour; the target alone is the dotted line at 1.
+    """
+    if not len(df) or df["speedup"].isna().all():
+        return empty_figure("Speed-up over the target alone", "run a prompt set")
+    d = df.dropna(subset=["speedup"])
+    d = d[d["method"] != "target alone"]
+    t = d.pivot_table(index="category", columns="method", values="speedup", aggfunc="mean")
+    fig = go.Figure()
+    bandit = 0
+    for m in t.columns:
+        name = m.split(":", 1)[1] if m.startswith("single:") else None
+        if colors and name in colors:
+            c = colors[name]
+        else:
+            c = ("#111827", "#6366F1", "#9CA3AF", "#0EA5E9")[bandit % 4]
+            bandit += 1
+        fig.add_trace(go.Bar(x=list(t.index), y=t[m].values, name=m, marker_color=c,
+                             hovertemplate=f"{m}: " + "%{y:.2f}\u00d7<extra>%{x}</extra>"))
+    fig.add_hline(y=1.0, line=dict(color="#111827", width=1, dash="dot"))
+    fig.update_layout(barmode="group", hovermode="closest")
+    fig.update_yaxes(title_text="speed-up (\u00d7)", rangemode="tozero")
+    return _layout(fig, "Speed-up over the target alone (measured, same prompts; dotted: target alone)", height=320)
+
+
+def read_prompt_set(text: str) -> list[dict[str, Any]]:
+    """Prompts from JSONL in Spec-Bench's format (question_id, category, turns; the first turn is the prompt).
+
+    Raises ValueError naming the line for anything else.
+    """
+    out = []
+    for i, line in enumerate(text.splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            obj = json.loads(line)
+        except json.JSONDecodeError as e:
+            raise ValueError(f"line {i} is not JSON: {e.msg}") from None
+        turns = obj.get("turns") if isinstance(obj, dict) else None
+        if not isinstance(turns, list) or not turns or not isinstance(turns[0], str) or not turns[0].strip():
+            raise ValueError(f"line {i} needs 'turns': a list whose first item is the prompt")
+        out.append({"question_id": obj.get("question_id", i), "category": str(obj.get("category") or "uncategorised"),
+                    "prompt": turns[0]})
+    if not out:
+        raise ValueError("the prompt set is empty")
+    return out
+
+
+def pick_per_category(items: Sequence[Mapping[str, Any]], per_category: int) -> list[Mapping[str, Any]]:
+    """The first `per_category` items of each category, in file order."""
+    seen: dict[str, int] = {}
+    out = []
+    for it in items:
+        c = it["category"]
+        if seen.get(c, 0) < per_category:
+            seen[c] = seen.get(c, 0) + 1
+            out.append(it)
+    return out
+
+
+# --------------------------------------------------------------------------------------------
+# Bandit playground (results of metasd.playground.simulate)
+
+
+def playground_probability_figure(results: Sequence[Any], colors: Mapping[str, str], max_points: int = 400) -> go.Figure:
+    """One stacked arm-probability panel per policy, side by side."""
+    n = max(len(results), 1)
+    cols = min(n, 3)
+    rows = math.ceil(n / cols)
+    fig = make_subplots(rows=rows, cols=cols, shared_yaxes=True, subplot_titles=[r.policy for r in results],
+                        horizontal_spacing=0.04, vertical_spacing=0.16)
+    for k, r in enumerate(results):
+        T = len(r.arms)
+        step = max(1, -(-T // max_points))  # ceil: at most max_points points
+        x = list(range(1, T + 1, step))
+        for i, name in enumerate(r.names):
+            c = colors.get(name, PALETTE[i % len(PALETTE)])
+            fig.add_trace(go.Scatter(x=x, y=r.probabilities[::step, i], mode="lines", stackgroup=f"s{k}", name=name,
+                                     legendgroup=name, showlegend=k == 0, line=dict(width=0.6, color=c),
+                                     fillcolor=_rgba(c, 0.5), hovertemplate=f"{name}: " + "%{y:.2f}<extra></extra>"),
+                          row=k // cols + 1, col=k % cols + 1)
+    fig.update_yaxes(range=[0, 1.0001])
+    fig.update_annotations(font_size=11)
+    fig.update_layout(hovermode="closest")
+    return _layout(fig, "Arm probabilities over rounds", height=60 + 230 * rows)
+
+
+def playground_regret_figure(results: Sequence[Any]) -> go.Figure:
+    """Cumulative (pseudo-)regret of each policy, on one set of axes."""
+    fig = go.Figure()
+    for k, r in enumerate(results):
+        T = len(r.regret)
+        step = max(1, -(-T // 600))
+        fig.add_trace(go.Scatter(x=list(range(1, T + 1, step)), y=r.regret[::step], mode="lines", name=r.policy,
+                                 line=dict(width=2, color=PALETTE[k % len(PALETTE)]),
+                                 hovertemplate=f"{r.policy}: " + "%{y:.1f}<extra></extra>"))
+    fig.update_xaxes(title_text="round")
+    fig.update_yaxes(title_text="tokens lost", rangemode="tozero")
+    fig.update_layout(hovermode="closest")
+    return _layout(fig, "Cumulative regret vs the best drafter (known rates)", height=320)
+
+
+def playground_table(results: Sequence[Any]) -> pd.DataFrame:
+    rows = []
+    for r in results:
+        rows.append({
+            "policy": r.policy,
+            "final regret": round(float(r.regret[-1]), 1) if len(r.regret) else 0.0,
+            "best arm share": round(float((r.arms == r.best).mean()), 3) if len(r.arms) else 0.0,
+            "tokens / call": round(float(r.tokens.mean()), 3) if len(r.tokens) else 0.0,
+            "speed-up": round(float(r.tokens.sum() / r.time.sum()), 3) if len(r.time) else 0.0,
+            **{f"pulls {n}": int((r.arms == i).sum()) for i, n in enumerate(r.names)},
+        })
+    return pd.DataFrame(rows)
