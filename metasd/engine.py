@@ -300,9 +300,10 @@ def _rounds(bundle: Bundle, prompt: str, prompt_ids: list[int], st: Settings, st
         a.draft_s += t2 - t1
         a.verify_s += t3 - t2
         if not st.full_info:
-            # Estimated regret: rounds x the best arm's mean tokens per call - tokens produced.
+            # Estimated pseudo-regret: each round adds the gap between the best arm's mean tokens
+            # per call and the pulled arm's, both as estimated so far (never negative).
             means = [x.tokens_sum / x.pulls for x in stats.values() if x.pulls]
-            regret = max(means) * rnd - sum(x.tokens_sum for x in stats.values())
+            regret += max(means) - a.tokens_sum / a.pulls
         text = pieces.push(emitted)
         draft_text = [pieces.piece([t]) for t in tokens]
         t5 = time.perf_counter()
