@@ -1,0 +1,688 @@
+"""The benchmark: every method on the same prompts, side by side in one process (DESIGN.md §3, §6).
+
+Methods (the names of `--methods`):
+
+- `baseline`: the target alone through transformers `generate`, greedy: the yardstick;
+- `hf-pld` / `hf-pld:N`: transformers' prompt lookup (`prompt_lookup_num_tokens`, 10 by default);
+- `hf-assisted:<drafter>`: transformers' assisted generation with one of the preset's model drafters;
+- `single:<drafter>`: our engine with that drafter alone;
+- `<policy>` / `<policy>/<reward>`: our engine with a bandit over every drafter of the preset;
+- `oracle`: per prompt, the fastest `single:<drafter>` run of that prompt, chosen in hindsight.
+
+Runs are interleaved: for each prompt every method runs once, in an order rotated by one per
+prompt, so that drift of a shared machine (other jobs, thermal state) hits all methods alike.
+Speed-up is the ratio of wall times measured in this run; absolute times mean little.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import math
+import sys
+import time
+from collections import Counter
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+import torch
+
+from metasd.engine import encode_prompt, generate, target_greedy
+from metasd.events import RoundEvent, Summary
+from metasd.models import Bundle
+from metasd.policies import POLICIES
+from metasd.presets import DEFAULT_PRESET, PRESETS
+from metasd.validation import REWARDS, InvalidInput, clean_prompt
+
+DEFAULT_PLD_TOKENS = 10  # transformers' prompt lookup as DESIGN.md §4 measured it
+RESULT_COLUMNS = [
+    "method", "question_id", "category", "new_tokens", "wall_s", "target_calls", "mean_accepted",
+    "identical_to_baseline", "first_mismatch", "tokens_per_s", "cpu_s", "prompt_tokens", "prefill_s", "draft_s",
+    "verify_s", "overhead_s", "stop_reason", "oracle_choice", "drafter_pulls",
+]
+ROUND_COLUMNS = ["method", "question_id", "category", "round", "drafter", "drafted", "accepted", "emitted",
+                 "draft_ms", "verify_ms", "overhead_ms"]
+
+
+# ---------------------------------------------------------------------------------------------
+# Methods
+
+
+@dataclass(frozen=True)
+class Method:
+    """One way of generating, named as on the command line."""
+
+    name: str
+    kind: str  # "baseline" | "hf-pld" | "hf-assisted" | "engine" | "oracle"
+    policy: str = ""  # engine: a policy name or single:<drafter>
+    reward: str = ""  # engine: bd, be or throughput
+    drafter: str = ""  # hf-assisted and single: the drafter
+    lookup: int = DEFAULT_PLD_TOKENS  # hf-pld: prompt_lookup_num_tokens
+
+    @property
+    def ours(self) -> bool:
+        """True for our engine's methods (they report a time split per round)."""
+        return self.kind == "engine"
+
+    @property
+    def single(self) -> bool:
+        return self.kind == "engine" and self.policy.startswith("single:")
+
+
+def default_methods(drafter_names: Sequence[str]) -> list[str]:
+    return ["baseline", "hf-pld", *(f"single:{d}" for d in drafter_names), "metasd-ucb", "oracle"]
+
+
+def method_help() -> str:
+    return (f"comma-separated, from: baseline, hf-pld[:N], hf-assisted:<model drafter>, single:<drafter>, "
+            f"<policy>[/<reward>] with policy in {', '.join(POLICIES)} and reward in {', '.join(REWARDS)}, oracle")
+
+
+def parse_methods(spec: str | Sequence[str] | None, drafter_names: Sequence[str], model_drafters: Sequence[str],
+                  reward: str = "bd") -> list[Method]:
+    """Methods from their names. Adds `baseline` first when missing: every ratio needs it."""
+    if reward not in REWARDS:
+        raise InvalidInput(f"unknown reward {reward!r}; choose one of {', '.join(REWARDS)}")
+    if spec is None or spec == "" or spec == []:
+        names = default_methods(drafter_names)
+    elif isinstance(spec, str):
+        names = [m.strip() for m in spec.split(",") if m.strip()]
+    else:
+        names = list(spec)
+    out: list[Method] = []
+    for name in dict.fromkeys(names):
+        out.append(_parse_method(name, list(drafter_names), list(model_drafters), reward))
+    if not any(m.kind == "baseline" for m in out):
+        out.insert(0, Method("baseline", "baseline"))
+    if any(m.kind == "oracle" for m in out) and not any(m.single for m in out):
+        raise InvalidInput("method 'oracle' picks the fastest single:<drafter> run per prompt: add at least one")
+    return out
+
+
+def _parse_method(name: str, drafters: list[str], models: list[str], default_reward: str) -> Method:
+    if name in ("baseline", "oracle"):
+        return Method(name, name)
+    if name == "hf-pld" or name.startswith("hf-pld:"):
+        n = name.split(":", 1)[1] if ":" in name else str(DEFAULT_PLD_TOKENS)
+        if not n.isdigit() or not 1 <= int(n) <= 64:
+            raise InvalidInput(f"method {name!r}: hf-pld:N needs a number of lookup tokens N between 1 and 64")
+        return Method(name, "hf-pld", lookup=int(n))
+    if name.startswith("hf-assisted:"):
+        d = name.split(":", 1)[1]
+        if d not in models:
+            raise InvalidInput(f"method {name!r}: transformers' assisted generation needs a model drafter; "
+                               f"this preset has {', '.join(models) or 'none'}")
+        return Method(name, "hf-assisted", drafter=d)
+    policy, _, reward = name.partition("/")
+    reward = reward or default_reward
+    if reward not in REWARDS:
+        raise InvalidInput(f"method {name!r}: unknown reward {reward!r}; choose one of {', '.join(REWARDS)}")
+    if policy.startswith("single:"):
+        d = policy.split(":", 1)[1]
+        if d not in drafters:
+            raise InvalidInput(f"method {name!r}: unknown drafter {d!r}; this preset has {', '.join(drafters)}")
+        return Method(name, "engine", policy=policy, reward=reward, drafter=d)
+    if policy in POLICIES:
+        return Method(name, "engine", policy=policy, reward=reward)
+    raise InvalidInput(f"unknown method {name!r}; {method_help()}")
+
+
+# ---------------------------------------------------------------------------------------------
+# Prompts
+
+
+@dataclass(frozen=True)
+class Prompt:
+    question_id: Any
+    category: str
+    text: str
+
+
+def load_prompts(path: str | Path, categories: str | Sequence[str] | None = None,
+                 per_category: int | None = None) -> list[Prompt]:
+    """Spec-Bench's format: one JSON object per line with question_id, category and turns.
+
+    The first turn is the prompt. Keeps the file's order; `per_category` takes the first N of each.
+    """
+    p = Path(path)
+    if not p.is_file():
+        raise InvalidInput(f"no prompts file at {p}")
+    rows: list[Prompt] = []
+    with p.open(encoding="utf-8") as f:
+        for lineno, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            try:
+                obj = json.loads(line)
+                turns = obj["turns"]
+                text = turns[0] if isinstance(turns, list) else str(turns)
+                rows.append(Prompt(obj["question_id"], str(obj.get("category", "all")), text))
+            except (ValueError, KeyError, IndexError, TypeError) as e:
+                raise InvalidInput(f"{p}:{lineno}: not a Spec-Bench question ({type(e).__name__}: {e})") from None
+    present = list(dict.fromkeys(r.category for r in rows))
+    if categories:
+        wanted = [c.strip() for c in categories.split(",")] if isinstance(categories, str) else list(categories)
+        wanted = [c for c in wanted if c]
+        unknown = [c for c in wanted if c not in present]
+        if unknown:
+            raise InvalidInput(f"unknown categor{'y' if len(unknown) == 1 else 'ies'} {', '.join(map(repr, unknown))}; "
+                               f"{p.name} has {', '.join(present)}")
+        rows = [r for r in rows if r.category in wanted]
+    if per_category:
+        seen: Counter[str] = Counter()
+        kept = []
+        for r in rows:
+            if seen[r.category] < per_category:
+                kept.append(r)
+                seen[r.category] += 1
+        rows = kept
+    if not rows:
+        raise InvalidInput(f"no prompts selected from {p}")
+    return rows
+
+
+def prompt_ids(bundle: Bundle, text: str, chat_template: bool) -> list[int]:
+    """The token ids every method gets for one prompt (the same list for all of them)."""
+    text = clean_prompt(text)
+    if bundle.tokenizer is None:  # tiny test models: bytes folded into the vocabulary
+        return [b % bundle.target_vocab for b in text.encode("utf-8")]
+    return encode_prompt(bundle, text, chat_template)
+
+
+# ---------------------------------------------------------------------------------------------
+# Running one method on one prompt
+
+
+@dataclass
+class Outcome:
+    """What one method produced on one prompt, timed from outside."""
+
+    token_ids: list[int]
+    wall_s: float
+    target_calls: int
+    mean_accepted: float
+    cpu_s: float = math.nan  # CPU time of this process during the run (all its threads)
+    prefill_s: float = math.nan
+    draft_s: float = math.nan
+    verify_s: float = math.nan
+    overhead_s: float = math.nan
+    stop_reason: str = ""
+    pulls: dict[str, int] = field(default_factory=dict)
+    rounds: list[RoundEvent] = field(default_factory=list)
+
+
+class _CallCounter:
+    """Counts the target's own forward calls (not a layer-skip view's, which shares its hooks dict)."""
+
+    def __init__(self, model: torch.nn.Module) -> None:
+        self.model, self.calls = model, 0
+        self.handle = model.register_forward_hook(self._hook)
+
+    def _hook(self, module: torch.nn.Module, args: Any, output: Any) -> None:
+        if module is self.model:
+            self.calls += 1
+
+    def close(self) -> None:
+        self.handle.remove()
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def _hf_generate(bundle: Bundle, ids: list[int], max_new_tokens: int, **extra: Any) -> list[int]:
+    """transformers `generate`, greedy, with the same stopping rule as `target_greedy`."""
+    inp = torch.tensor([ids], device=bundle.device)
+    eos = sorted(bundle.eos_ids)
+    out = bundle.target.generate(inp, attention_mask=torch.ones_like(inp), do_sample=False,
+                                 max_new_tokens=max_new_tokens, eos_token_id=eos or None,
+                                 pad_token_id=eos[0] if eos else 0, **extra)
+    return out[0, len(ids):].tolist()
+
+
+def run_method(bundle: Bundle, method: Method, ids: list[int], max_new_tokens: int, *, gamma: int | None = None,
+               seed: int = 0, counter: _CallCounter | None = None) -> Outcome:
+    """Run one method on one prompt's ids and time it (host-synchronised on a GPU)."""
+    if method.kind == "oracle":
+        raise ValueError("the oracle is computed from the single:<drafter> runs, not run")
+    dev = bundle.device
+    if method.ours:
+        drafters = [method.drafter] if method.single else None  # a single drafter runs alone
+        rounds: list[RoundEvent] = []
+        _sync(dev)
+        t0, c0 = time.perf_counter(), time.process_time()
+        for ev in generate(bundle, ids, drafters=drafters, policy=method.policy, reward=method.reward, gamma=gamma,
+                           max_new_tokens=max_new_tokens, seed=seed):
+            if isinstance(ev, Summary):
+                break
+            rounds.append(ev)
+        _sync(dev)
+        wall, cpu = time.perf_counter() - t0, time.process_time() - c0
+        s = ev
+        assert isinstance(s, Summary)
+        pulls = Counter(r.drafter for r in rounds)
+        # The time split comes from the per-round events (their sum is the summary's).
+        return Outcome(list(s.token_ids), wall, s.target_calls, s.mean_accepted, cpu_s=cpu, prefill_s=s.prefill_s,
+                       draft_s=sum(r.draft_ms for r in rounds) / 1000, verify_s=sum(r.verify_ms for r in rounds) / 1000,
+                       overhead_s=sum(r.overhead_ms for r in rounds) / 1000, stop_reason=s.stop_reason,
+                       pulls=dict(pulls), rounds=rounds)
+    extra: dict[str, Any] = {}
+    if method.kind == "hf-pld":
+        extra["prompt_lookup_num_tokens"] = method.lookup
+    elif method.kind == "hf-assisted":
+        extra["assistant_model"] = bundle.models[method.drafter]
+    before = counter.calls if counter else 0
+    _sync(dev)
+    t0, c0 = time.perf_counter(), time.process_time()
+    if method.kind == "baseline":
+        out = target_greedy(bundle, ids, max_new_tokens)
+    else:
+        out = _hf_generate(bundle, ids, max_new_tokens, **extra)
+    _sync(dev)
+    wall, cpu = time.perf_counter() - t0, time.process_time() - c0
+    # Every forward call of `generate` emits at least one token (its first one also prefills).
+    calls = counter.calls - before if counter else 0
+    mean_acc = max(0.0, len(out) / calls - 1) if calls else math.nan
+    stop = "eos" if out and out[-1] in bundle.eos_ids else "max_new_tokens"
+    return Outcome(out, wall, calls, mean_acc, cpu_s=cpu, stop_reason=stop)
+
+
+# ---------------------------------------------------------------------------------------------
+# The benchmark
+
+
+@dataclass
+class BenchResult:
+    results: pd.DataFrame  # one row per method and prompt (RESULT_COLUMNS)
+    rounds: pd.DataFrame  # one row per round of our engine's methods (ROUND_COLUMNS)
+    meta: dict[str, Any]
+
+
+def _first_mismatch(a: Sequence[int], b: Sequence[int]) -> int:
+    """Index of the first differing token, -1 when equal."""
+    for i, (x, y) in enumerate(zip(a, b, strict=False)):
+        if x != y:
+            return i
+    return -1 if len(a) == len(b) else min(len(a), len(b))
+
+
+def run_bench(bundle: Bundle, prompts: Sequence[Prompt], methods: Sequence[Method], *, max_new_tokens: int = 128,
+              gamma: int | None = None, chat_template: bool = True, seed: int = 0, warmup: bool = True,
+              progress: bool = True, log: Callable[[str], None] | None = None,
+              on_prompt: Callable[[BenchResult], None] | None = None) -> BenchResult:
+    """Every method on every prompt, interleaved; the oracle rows are derived afterwards.
+
+    `on_prompt` receives the results so far after each prompt (to checkpoint a long run).
+    """
+    log = log or (lambda m: print(m, file=sys.stderr, flush=True))
+    if not any(m.kind == "baseline" for m in methods):
+        raise InvalidInput("the benchmark needs the 'baseline' method: every speed-up is relative to it")
+    runnable = [m for m in methods if m.kind != "oracle"]
+    g = bundle.preset.gamma if gamma is None else gamma
+    encoded: list[tuple[Prompt, list[int]]] = []
+    for p in prompts:
+        ids = prompt_ids(bundle, p.text, chat_template)
+        if len(ids) + max_new_tokens + g + 1 > bundle.max_context:
+            log(f"[bench] skipping question {p.question_id}: {len(ids)} prompt tokens leave no room for "
+                f"{max_new_tokens} new ones in {bundle.max_context}")
+            continue
+        encoded.append((p, ids))
+    if not encoded:
+        raise InvalidInput("no prompt fits the model's context")
+    encoded = _round_robin(encoded)
+
+    from tqdm.auto import tqdm
+
+    meta = {
+        "preset": bundle.preset.name, "device": str(bundle.device),
+        "dtype": str(next(bundle.target.parameters()).dtype).replace("torch.", ""),
+        "max_new_tokens": max_new_tokens, "gamma": g, "chat_template": chat_template, "seed": seed,
+        "prompts": len(encoded), "methods": [m.name for m in methods], "torch_threads": torch.get_num_threads(),
+        "date": time.strftime("%Y-%m-%d %H:%M"),
+    }
+    counter = _CallCounter(bundle.target)
+    rows: list[dict[str, Any]] = []
+    round_rows: list[dict[str, Any]] = []
+    try:
+        if warmup:  # first calls pay for lazy initialisation: not measured
+            ids = encoded[0][1]
+            for m in runnable:
+                run_method(bundle, m, ids, min(8, max_new_tokens), gamma=g, seed=seed, counter=counter)
+        # Models and tokenizer are long-lived: freeze them out of the collector so that the full
+        # collection before each run (outside its timing) stays cheap.
+        gc.collect()
+        gc.freeze()
+        bar = tqdm(total=len(encoded) * len(runnable), desc="bench", unit="run", file=sys.stderr,
+                   disable=not progress, dynamic_ncols=True)
+        for i, (p, ids) in enumerate(encoded):
+            k = i % len(runnable)
+            order = runnable[k:] + runnable[:k]  # rotated: no method always runs first or last
+            per_prompt: dict[str, tuple[Method, Outcome]] = {}
+            for m in order:
+                bar.set_postfix_str(f"q{p.question_id} {p.category} {m.name}", refresh=False)
+                gc.collect()  # not inside anyone's timing
+                per_prompt[m.name] = (m, run_method(bundle, m, ids, max_new_tokens, gamma=g, seed=seed, counter=counter))
+                bar.update(1)
+            base = per_prompt[next(m.name for m in runnable if m.kind == "baseline")][1].token_ids
+            for m in methods:
+                if m.kind == "oracle":
+                    singles = [(n, o) for n, (mm, o) in per_prompt.items() if mm.single]
+                    choice, o = min(singles, key=lambda x: x[1].wall_s)
+                    rows.append(_row(m.name, p, ids, o, base, oracle_choice=choice))
+                    continue
+                o = per_prompt[m.name][1]
+                rows.append(_row(m.name, p, ids, o, base))
+                for r in o.rounds:
+                    round_rows.append({
+                        "method": m.name, "question_id": p.question_id, "category": p.category, "round": r.round,
+                        "drafter": r.drafter, "drafted": len(r.draft), "accepted": r.accepted,
+                        "emitted": len(r.emitted), "draft_ms": r.draft_ms, "verify_ms": r.verify_ms,
+                        "overhead_ms": r.overhead_ms,
+                    })
+            if on_prompt is not None:
+                on_prompt(_result(rows, round_rows, meta | {"prompts": i + 1}))
+        bar.close()
+    finally:
+        gc.unfreeze()
+        counter.close()
+    return _result(rows, round_rows, meta)
+
+
+def _round_robin(encoded: list[tuple[Prompt, list[int]]]) -> list[tuple[Prompt, list[int]]]:
+    """The first prompt of every category, then the second of every category, ...: a run cut short
+    (or checkpointed) has already covered every category."""
+    seen: Counter[str] = Counter()
+    keyed = []
+    for n, (p, ids) in enumerate(encoded):
+        keyed.append((seen[p.category], n, p, ids))
+        seen[p.category] += 1
+    return [(p, ids) for _, _, p, ids in sorted(keyed, key=lambda x: (x[0], x[1]))]
+
+
+def _result(rows: list[dict[str, Any]], round_rows: list[dict[str, Any]], meta: dict[str, Any]) -> BenchResult:
+    return BenchResult(pd.DataFrame(rows, columns=RESULT_COLUMNS), pd.DataFrame(round_rows, columns=ROUND_COLUMNS), dict(meta))
+
+
+def _row(name: str, p: Prompt, ids: list[int], o: Outcome, base: list[int], oracle_choice: str = "") -> dict[str, Any]:
+    mismatch = _first_mismatch(o.token_ids, base)
+    return {
+        "method": name, "question_id": p.question_id, "category": p.category, "new_tokens": len(o.token_ids),
+        "wall_s": o.wall_s, "target_calls": o.target_calls, "mean_accepted": o.mean_accepted,
+        "identical_to_baseline": mismatch < 0, "first_mismatch": mismatch,
+        "tokens_per_s": len(o.token_ids) / o.wall_s if o.wall_s > 0 else math.nan, "cpu_s": o.cpu_s,
+        "prompt_tokens": len(ids), "prefill_s": o.prefill_s, "draft_s": o.draft_s, "verify_s": o.verify_s,
+        "overhead_s": o.overhead_s, "stop_reason": o.stop_reason, "oracle_choice": oracle_choice,
+        "drafter_pulls": " ".join(f"{k}={v}" for k, v in sorted(o.pulls.items())),
+    }
+
+
+# ---------------------------------------------------------------------------------------------
+# Summaries
+
+CPU_SPEEDUP_NOTE = (
+    "CPU-time speed-up: the same ratio over this process's CPU time (time.process_time) instead of wall time. On a "
+    "CPU shared with other jobs it is far less sensitive to time spent waiting for a core (it still feels contention "
+    "for caches and memory bandwidth); with one torch thread it is the compute each method needed. Meaningless on a GPU."
+)
+SPEEDUP_DEFINITION = (
+    "speed-up = (sum of the baseline's wall time over a category's prompts) / (sum of the method's wall time "
+    "over the same prompts), both measured in this run with the methods interleaved per prompt; above 1 is faster. "
+    "The overall row sums over every prompt, so long generations weigh more."
+)
+
+
+def summarize(results: pd.DataFrame) -> pd.DataFrame:
+    """Per method and category, then an 'overall' row per method.
+
+    Columns: method, category, prompts, new_tokens, wall_s, tokens_per_s, speedup, cpu_speedup, mean_accepted
+    (accepted draft tokens per target call), calls_per_token, identical (share of outputs equal to
+    the baseline's), and the time split of our engine (prefill_s, draft_s, verify_s, overhead_s).
+    """
+    df = results.copy()
+    if "cpu_s" not in df:
+        df["cpu_s"] = math.nan
+    base = df[df["method"] == "baseline"].set_index("question_id")
+    df["baseline_wall_s"] = df["question_id"].map(base["wall_s"])
+    df["baseline_cpu_s"] = df["question_id"].map(base["cpu_s"])
+    df["accepted"] = df["mean_accepted"] * df["target_calls"]
+    order = list(dict.fromkeys(df["method"]))
+    cats = list(dict.fromkeys(df["category"]))
+    parts = [df.assign(group=df["category"]), df.assign(group="overall")]
+    both = pd.concat(parts, ignore_index=True)
+    agg = both.groupby(["method", "group"], sort=False).agg(
+        prompts=("question_id", "count"), new_tokens=("new_tokens", "sum"), wall_s=("wall_s", "sum"),
+        baseline_wall_s=("baseline_wall_s", "sum"), cpu_s=("cpu_s", lambda s: s.sum(min_count=1)),
+        baseline_cpu_s=("baseline_cpu_s", lambda s: s.sum(min_count=1)), target_calls=("target_calls", "sum"),
+        accepted=("accepted", lambda s: s.sum(min_count=1)), identical=("identical_to_baseline", "mean"),
+        prefill_s=("prefill_s", lambda s: s.sum(min_count=1)), draft_s=("draft_s", lambda s: s.sum(min_count=1)),
+        verify_s=("verify_s", lambda s: s.sum(min_count=1)), overhead_s=("overhead_s", lambda s: s.sum(min_count=1)),
+    ).reset_index().rename(columns={"group": "category"})
+    agg["speedup"] = agg["baseline_wall_s"] / agg["wall_s"]
+    agg["cpu_speedup"] = agg["baseline_cpu_s"] / agg["cpu_s"]
+    agg["tokens_per_s"] = agg["new_tokens"] / agg["wall_s"]
+    calls = agg["target_calls"].where(agg["target_calls"] > 0)
+    agg["mean_accepted"] = agg["accepted"] / calls
+    agg["calls_per_token"] = calls / agg["new_tokens"]
+    agg["method"] = pd.Categorical(agg["method"], order, ordered=True)
+    agg["category"] = pd.Categorical(agg["category"], [*cats, "overall"], ordered=True)
+    agg = agg.sort_values(["method", "category"]).reset_index(drop=True)
+    agg["method"] = agg["method"].astype(str)
+    agg["category"] = agg["category"].astype(str)
+    return agg[["method", "category", "prompts", "new_tokens", "wall_s", "tokens_per_s", "speedup", "cpu_speedup",
+                "mean_accepted",
+                "calls_per_token", "identical", "prefill_s", "draft_s", "verify_s", "overhead_s"]]
+
+
+def speedup_table(summary: pd.DataFrame, values: str = "speedup") -> pd.DataFrame:
+    """Methods x categories (and overall) of speed-up (or `values`: e.g. cpu_speedup)."""
+    t = summary.pivot(index="method", columns="category", values=values)
+    cats = [c for c in dict.fromkeys(summary["category"]) if c != "overall"] + ["overall"]
+    return t.reindex(index=list(dict.fromkeys(summary["method"])), columns=cats)
+
+
+def time_split(summary: pd.DataFrame, rounds: pd.DataFrame | None = None) -> pd.DataFrame:
+    """Our engine's overall time: shares of drafting, verifying, bookkeeping, prefill and the rest."""
+    ov = summary[(summary["category"] == "overall") & summary["draft_s"].notna()].copy()
+    if ov.empty:
+        return pd.DataFrame()
+    rounds_s = ov["draft_s"] + ov["verify_s"] + ov["overhead_s"]
+    out = pd.DataFrame({"method": ov["method"]})
+    out["drafting"] = ov["draft_s"] / ov["wall_s"]
+    out["verifying"] = ov["verify_s"] / ov["wall_s"]
+    out["bookkeeping"] = ov["overhead_s"] / ov["wall_s"]
+    out["prefill"] = ov["prefill_s"] / ov["wall_s"]
+    out["other"] = 1 - out[["drafting", "verifying", "bookkeeping", "prefill"]].sum(axis=1)
+    out["bookkeeping_of_rounds"] = ov["overhead_s"] / rounds_s
+    if rounds is not None and not rounds.empty:
+        per = rounds.groupby("method", sort=False).agg(rounds=("round", "count"), draft_ms=("draft_ms", "mean"),
+                                                       verify_ms=("verify_ms", "mean"), overhead_ms=("overhead_ms", "mean"))
+        out = out.merge(per, left_on="method", right_index=True, how="left")
+        out["rounds"] = out["rounds"].astype("Int64")
+    return out.reset_index(drop=True)
+
+
+def oracle_choices(results: pd.DataFrame) -> pd.DataFrame:
+    o = results[results["oracle_choice"].fillna("") != ""]
+    if o.empty:
+        return pd.DataFrame()
+    return o.groupby(["category", "oracle_choice"], sort=False).size().unstack(fill_value=0)
+
+
+def _fmt(x: Any, kind: str = "") -> str:
+    if x is None or (isinstance(x, float) and math.isnan(x)):
+        return "–"
+    if kind == "x":
+        return f"{x:.2f}x"
+    if kind == "%":
+        return f"{100 * x:.0f}%"
+    if kind == "%1":
+        return f"{100 * x:.1f}%"
+    if isinstance(x, float):
+        return f"{x:.2f}"
+    return str(x)
+
+
+def markdown_table(df: pd.DataFrame, formats: dict[str, str] | None = None, index: bool = False) -> str:
+    """A GitHub markdown table (no tabulate dependency)."""
+    formats = formats or {}
+    d = df.reset_index() if index else df
+    head = [str(c) for c in d.columns]
+    lines = ["| " + " | ".join(head) + " |", "|" + "|".join("---" if i == 0 else "---:" for i in range(len(head))) + "|"]
+    for _, r in d.iterrows():
+        lines.append("| " + " | ".join(_fmt(r[c], formats.get(str(c), "")) for c in d.columns) + " |")
+    return "\n".join(lines)
+
+
+def summary_markdown(result: BenchResult) -> str:
+    res, meta = result.results, result.meta
+    s = summarize(res)
+    cats = [c for c in dict.fromkeys(res["category"])]
+    out = [
+        "# MetaSD benchmark",
+        "",
+        f"Preset `{meta['preset']}` on {meta['device']} ({meta['dtype']}, {meta['torch_threads']} torch threads), "
+        f"{meta['prompts']} prompts in {len(cats)} categories, up to {meta['max_new_tokens']} new tokens, greedy, "
+        f"gamma {meta['gamma']}, chat template {'on' if meta['chat_template'] else 'off'}, {meta['date']}.",
+        "",
+        SPEEDUP_DEFINITION,
+        "",
+        "## Speed-up over the baseline",
+        "",
+        markdown_table(speedup_table(s), {c: "x" for c in [*cats, "overall"]}, index=True),
+        "",
+    ]
+    if meta.get("device", "cpu").startswith("cpu") and s["cpu_speedup"].notna().any():
+        out += [
+            "## Speed-up in CPU time",
+            "",
+            CPU_SPEEDUP_NOTE,
+            "",
+            markdown_table(speedup_table(s, "cpu_speedup"), {c: "x" for c in [*cats, "overall"]}, index=True),
+            "",
+        ]
+    out += [
+        "## Per method and category",
+        "",
+        "accepted/call: mean accepted draft tokens per target call (tokens per call = this + 1); "
+        "calls/token: target forward passes per generated token; identical: share of outputs equal to the baseline's.",
+        "",
+        markdown_table(
+            s[["method", "category", "prompts", "tokens_per_s", "speedup", "cpu_speedup", "mean_accepted", "calls_per_token",
+               "identical"]]
+            .rename(columns={"tokens_per_s": "tokens/s", "speedup": "speed-up", "cpu_speedup": "CPU-time speed-up",
+                             "mean_accepted": "accepted/call", "calls_per_token": "calls/token"}),
+            {"speed-up": "x", "CPU-time speed-up": "x", "identical": "%", "tokens/s": ""},
+        ),
+    ]
+    split = time_split(s, result.rounds)
+    if not split.empty:
+        out += [
+            "",
+            "## Where our engine's time goes (overall)",
+            "",
+            "Shares of wall time; bookkeeping = policy, rewards, detokenisation and events per round; "
+            "'of rounds' = bookkeeping / (drafting + verifying + bookkeeping).",
+            "",
+            markdown_table(split, {"drafting": "%1", "verifying": "%1", "bookkeeping": "%1", "prefill": "%1",
+                                   "other": "%1", "bookkeeping_of_rounds": "%1"}),
+        ]
+    oc = oracle_choices(res)
+    if not oc.empty:
+        out += ["", "## The oracle's choice (fastest single drafter per prompt)", "", markdown_table(oc, index=True)]
+    bad = res[~res["identical_to_baseline"].astype(bool)]
+    out += ["", "## Identity with the baseline", ""]
+    if bad.empty:
+        out.append("Every output is identical to the baseline's token ids.")
+    else:
+        out.append(f"{len(bad)} of {len(res)} outputs differ from the baseline "
+                   "(first differing token index; under greedy fp32 each is a bug unless the logits tie):")
+        out.append("")
+        out.append(markdown_table(bad[["method", "question_id", "category", "first_mismatch", "new_tokens"]]))
+    return "\n".join(out) + "\n"
+
+
+def write_outputs(result: BenchResult, out_dir: str | Path, html: bool = True) -> dict[str, Path]:
+    """results.csv, rounds.csv, summary.md, summary.csv, meta.json and (with html) report.html in out_dir."""
+    d = Path(out_dir)
+    d.mkdir(parents=True, exist_ok=True)
+    paths = {name: d / name for name in ("results.csv", "rounds.csv", "summary.csv", "summary.md", "meta.json",
+                                          "report.html")}
+    result.results.to_csv(paths["results.csv"], index=False)
+    result.rounds.to_csv(paths["rounds.csv"], index=False)
+    summarize(result.results).to_csv(paths["summary.csv"], index=False)
+    paths["summary.md"].write_text(summary_markdown(result), encoding="utf-8")
+    paths["meta.json"].write_text(json.dumps(result.meta, indent=2), encoding="utf-8")
+    if html:
+        from metasd.report import report_html
+
+        paths["report.html"].write_text(report_html(result), encoding="utf-8")
+    else:
+        del paths["report.html"]
+    return paths
+
+
+# ---------------------------------------------------------------------------------------------
+# Command line
+
+
+def add_bench_args(sub: argparse._SubParsersAction) -> None:
+    b = sub.add_parser("bench", help="benchmark methods side by side on Spec-Bench-style prompts")
+    b.add_argument("--prompts", required=True, help="JSONL with question_id, category, turns (Spec-Bench's format)")
+    b.add_argument("--categories", default=None, help="comma-separated categories (default: all in the file)")
+    b.add_argument("--per-category", type=int, default=3, help="first N prompts of each category (0: all; default 3)")
+    b.add_argument("--max-new-tokens", type=int, default=128)
+    b.add_argument("--methods", default=None, help=method_help() + "; default: baseline, hf-pld, every single:<drafter>, "
+                   "metasd-ucb, oracle")
+    b.add_argument("--out", required=True, help="output folder (results.csv, summary.md, report.html, ...)")
+    b.add_argument("--preset", default=DEFAULT_PRESET, help=f"one of {', '.join(PRESETS)}")
+    b.add_argument("--device", default=None, help="override the preset's device (cpu, cuda, ...)")
+    b.add_argument("--dtype", default=None, help="override the preset's dtype")
+    b.add_argument("--gamma", type=int, default=None, help="draft length of our engine (default: the preset's)")
+    b.add_argument("--reward", default="bd", help="reward of policies named without /<reward>: bd, be or throughput")
+    b.add_argument("--seed", type=int, default=0)
+    b.add_argument("--no-chat-template", action="store_true", help="feed prompts as plain text")
+    b.add_argument("--no-warmup", action="store_true", help="skip the unmeasured warm-up run of each method")
+    b.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
+    b.add_argument("--quiet", action="store_true", help="no progress bar")
+    b.set_defaults(func=cmd_bench)
+
+
+def cmd_bench(a: argparse.Namespace) -> int:
+    import transformers
+
+    from metasd.models import load_bundle
+
+    if a.max_new_tokens < 1 or a.max_new_tokens > 4096:
+        raise InvalidInput(f"max_new_tokens must be between 1 and 4096, got {a.max_new_tokens}")
+    if a.per_category < 0:
+        raise InvalidInput(f"per-category must be 0 (all) or more, got {a.per_category}")
+    if a.preset not in PRESETS:
+        raise InvalidInput(f"unknown preset {a.preset!r}; choose one of {', '.join(PRESETS)}")
+    prompts = load_prompts(a.prompts, a.categories, a.per_category or None)
+    # Fail fast on the preset's declared drafters (model-free kinds aside, every drafter is a model);
+    # the loaded bundle decides in the end (a preset may leave out a drafter whose weights are missing).
+    preset = PRESETS[a.preset]
+    free = ("prompt-lookup", "token-recycling")
+    parse_methods(a.methods, preset.drafter_names, [d.name for d in preset.drafters if d.kind not in free], a.reward)
+    if a.threads is not None:
+        if a.threads < 1:
+            raise InvalidInput(f"threads must be 1 or more, got {a.threads}")
+        torch.set_num_threads(a.threads)
+    transformers.logging.set_verbosity_error()  # generate's advisory warnings would break the progress bar
+    bundle = load_bundle(a.preset, device=a.device, dtype=a.dtype)
+    methods = parse_methods(a.methods, bundle.drafter_names, list(bundle.models), a.reward)
+    cats = len(dict.fromkeys(p.category for p in prompts))
+    print(f"[bench] {len(prompts)} prompts in {cats} categories x {len(methods)} methods: "
+          f"{', '.join(m.name for m in methods)}", file=sys.stderr, flush=True)
+    result = run_bench(bundle, prompts, methods, max_new_tokens=a.max_new_tokens, gamma=a.gamma,
+                       chat_template=not a.no_chat_template, seed=a.seed, warmup=not a.no_warmup,
+                       progress=not a.quiet, on_prompt=lambda partial: write_outputs(partial, a.out, html=False))
+    paths = write_outputs(result, a.out)
+    print(paths["summary.md"].read_text(encoding="utf-8"))
+    print(f"[bench] wrote {', '.join(str(p) for p in paths.values())}", file=sys.stderr)
+    return 0

@@ -1,0 +1,74 @@
+#!/usr/bin/env bash
+# The benchmark on one GPU with a hub preset, end to end in about 5 minutes (DESIGN.md §6:
+# GPU figures come only from a GPU run). CPU CI never runs this.
+#
+#   scripts/gpu_bench.sh                       # qwen2.5-1.5b, 6 categories x 1 prompt, 128 tokens
+#   PRESET=qwen2.5-7b scripts/gpu_bench.sh     # the larger preset (~24 GB)
+#
+# Settings (environment): PRESET, DEVICE (cuda), PROMPTS (Spec-Bench question.jsonl), CATEGORIES,
+# PER_CATEGORY, MAX_NEW_TOKENS, METHODS, OUT_DIR, TIME_LIMIT (seconds, whole run), PYTHON.
+# The models come from the Hugging Face hub: on a machine without network they must already be
+# in the hub cache (then set HF_HUB_OFFLINE=1). Results go to OUT_DIR, and also to $OUT when the
+# device runner sets it (so they come back from the GPU machine).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+PRESET=${PRESET:-qwen2.5-1.5b}
+DEVICE=${DEVICE:-cuda}
+CATEGORIES=${CATEGORIES:-translation,summarization,qa,math_reasoning,rag,coding}
+PER_CATEGORY=${PER_CATEGORY:-1}
+MAX_NEW_TOKENS=${MAX_NEW_TOKENS:-128}
+TIME_LIMIT=${TIME_LIMIT:-290}
+OUT_DIR=${OUT_DIR:-bench-out/gpu-$PRESET}
+
+if [[ -z "${PYTHON:-}" ]]; then
+  if [[ -x .venv/bin/python ]]; then PYTHON=.venv/bin/python; else PYTHON=python3; fi
+fi
+
+if [[ -z "${PROMPTS:-}" ]]; then
+  for p in shared/specbench/question.jsonl ../shared/specbench/question.jsonl /work/shared/specbench/question.jsonl; do
+    if [[ -f $p ]]; then PROMPTS=$p; break; fi
+  done
+fi
+if [[ -z "${PROMPTS:-}" || ! -f $PROMPTS ]]; then
+  echo "gpu_bench: no Spec-Bench question.jsonl found; set PROMPTS=/path/to/question.jsonl" >&2
+  exit 2
+fi
+
+if [[ -z "${METHODS:-}" ]]; then
+  case $PRESET in
+    qwen2.5-1.5b)
+      METHODS=baseline,hf-pld,hf-assisted:qwen-0.5b,single:qwen-0.5b,single:coder-0.5b,single:prompt-lookup,single:token-recycling,metasd-ucb,metasd-ucb/throughput,hedge,oracle ;;
+    qwen2.5-7b)
+      METHODS=baseline,hf-pld,hf-assisted:qwen-0.5b,single:qwen-0.5b,single:coder-0.5b,single:math-1.5b,single:prompt-lookup,single:token-recycling,metasd-ucb,metasd-ucb/throughput,oracle ;;
+    *)
+      METHODS="" ;;  # the benchmark's default set for the preset
+  esac
+fi
+
+if [[ $DEVICE == cuda* ]]; then
+  PYTHONPATH=. "$PYTHON" - <<'EOF' || { echo "gpu_bench: this Python's torch sees no CUDA GPU (install a CUDA build of torch)" >&2; exit 3; }
+import sys, torch
+if not torch.cuda.is_available():
+    sys.exit(1)
+print(f"gpu_bench: {torch.cuda.get_device_name(0)}, torch {torch.__version__}", file=sys.stderr)
+EOF
+  command -v nvidia-smi >/dev/null && nvidia-smi --query-gpu=name,memory.used,memory.total,utilization.gpu --format=csv >&2 || true
+fi
+
+mkdir -p "$OUT_DIR"
+echo "gpu_bench: preset $PRESET on $DEVICE, $CATEGORIES x $PER_CATEGORY, $MAX_NEW_TOKENS tokens -> $OUT_DIR" >&2
+start=$(date +%s)
+args=(bench --prompts "$PROMPTS" --categories "$CATEGORIES" --per-category "$PER_CATEGORY"
+      --max-new-tokens "$MAX_NEW_TOKENS" --preset "$PRESET" --device "$DEVICE" --out "$OUT_DIR")
+[[ -n $METHODS ]] && args+=(--methods "$METHODS")
+rc=0
+# The benchmark checkpoints results.csv and summary.md after every prompt, so a run cut short by
+# the time limit still leaves what it measured.
+PYTHONPATH=. TOKENIZERS_PARALLELISM=false timeout --signal=INT "$TIME_LIMIT" "$PYTHON" -m metasd "${args[@]}" "$@" \
+  2> >(tee "$OUT_DIR/stderr.log" >&2) || rc=$?
+echo "gpu_bench: finished with exit status $rc in $(( $(date +%s) - start )) s" >&2
+if [[ -n "${OUT:-}" && -d "${OUT:-}" ]]; then
+  cp -r "$OUT_DIR" "$OUT/" 2>/dev/null || true
+fi
+exit $rc

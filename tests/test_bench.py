@@ -1,0 +1,274 @@
+"""The benchmark itself, on tiny random models: its tables, its flags, its ratios and its CLI.
+
+No assertion here depends on how fast anything ran: ratios are tested on tables built by hand.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pandas as pd
+import pytest
+
+from metasd import bench
+from metasd.bench import (
+    RESULT_COLUMNS,
+    Method,
+    Prompt,
+    load_prompts,
+    parse_methods,
+    run_bench,
+    speedup_table,
+    summarize,
+    summary_markdown,
+    write_outputs,
+)
+from metasd.validation import InvalidInput
+from tests.tiny import tiny_bundle
+
+CONTRACT_COLUMNS = ["method", "question_id", "category", "new_tokens", "wall_s", "target_calls", "mean_accepted",
+                    "identical_to_baseline"]
+TINY_DRAFTERS = ["prompt-lookup", "token-recycling", "layer-skip", "tiny-lm"]
+QUESTIONS = [
+    {"question_id": 1, "category": "summarization", "turns": ["Summarize: the cat sat on the mat. The cat sat.", "x"]},
+    {"question_id": 2, "category": "summarization", "turns": ["Summarize: a dog ran in the park, a dog ran far."]},
+    {"question_id": 3, "category": "translation", "turns": ["Translate to French: good morning, my friend."]},
+    {"question_id": 4, "category": "translation", "turns": ["Translate to German: the house is red."]},
+]
+
+
+@pytest.fixture(scope="module")
+def tokenizer():
+    """The offline preset's real tokenizer where it is available (converted once), else none."""
+    from transformers import AutoTokenizer
+
+    from metasd.models import offline_target_dir
+
+    path = offline_target_dir(progress=lambda m: None)
+    return AutoTokenizer.from_pretrained(str(path)) if path is not None else None
+
+
+@pytest.fixture(scope="module")
+def bundle(tokenizer):
+    vocab = len(tokenizer) if tokenizer is not None else 64
+    return tiny_bundle(vocab=vocab, tokenizer=tokenizer, scale=4.0)
+
+
+@pytest.fixture()
+def questions_file(tmp_path):
+    path = tmp_path / "question.jsonl"
+    path.write_text("\n".join(json.dumps(q) for q in QUESTIONS) + "\n", encoding="utf-8")
+    return path
+
+
+# --------------------------------------------------------------------------------------------
+# Methods and prompts
+
+
+def test_default_methods_and_syntax():
+    ms = parse_methods(None, TINY_DRAFTERS, ["layer-skip", "tiny-lm"])
+    assert [m.name for m in ms] == ["baseline", "hf-pld", *(f"single:{d}" for d in TINY_DRAFTERS), "metasd-ucb", "oracle"]
+    ms = parse_methods("hf-pld:3,hf-assisted:tiny-lm,metasd-ucb/throughput,hedge,single:layer-skip", TINY_DRAFTERS,
+                       ["layer-skip", "tiny-lm"], reward="be")
+    by = {m.name: m for m in ms}
+    assert ms[0].kind == "baseline"  # added: every ratio needs it
+    assert by["hf-pld:3"].lookup == 3
+    assert by["hf-assisted:tiny-lm"].drafter == "tiny-lm"
+    assert (by["metasd-ucb/throughput"].policy, by["metasd-ucb/throughput"].reward) == ("metasd-ucb", "throughput")
+    assert by["hedge"].reward == "be"  # the --reward default
+    assert by["single:layer-skip"].single and by["single:layer-skip"].drafter == "layer-skip"
+
+
+@pytest.mark.parametrize("spec, message", [
+    ("nope", "unknown method"),
+    ("single:nope", "unknown drafter"),
+    ("hf-assisted:prompt-lookup", "model drafter"),
+    ("metasd-ucb/fast", "unknown reward"),
+    ("hf-pld:0", "hf-pld:N"),
+    ("baseline,metasd-ucb,oracle", "oracle"),
+])
+def test_bad_methods_are_refused(spec, message):
+    with pytest.raises(InvalidInput, match=message):
+        parse_methods(spec, TINY_DRAFTERS, ["layer-skip", "tiny-lm"])
+
+
+def test_load_prompts_filters_and_keeps_order(questions_file):
+    ps = load_prompts(questions_file)
+    assert [p.question_id for p in ps] == [1, 2, 3, 4]
+    assert ps[0].text.startswith("Summarize: the cat")  # the first turn only
+    ps = load_prompts(questions_file, categories="translation,summarization", per_category=1)
+    assert [(p.question_id, p.category) for p in ps] == [(1, "summarization"), (3, "translation")]
+    with pytest.raises(InvalidInput, match="unknown category 'poetry'"):
+        load_prompts(questions_file, categories="poetry")
+    with pytest.raises(InvalidInput, match="no prompts file"):
+        load_prompts(questions_file.parent / "missing.jsonl")
+
+
+# --------------------------------------------------------------------------------------------
+# Running on a tiny model
+
+TINY_METHODS = ("baseline,hf-pld,hf-pld:3,hf-assisted:tiny-lm,hf-assisted:layer-skip,single:prompt-lookup,"
+                "single:token-recycling,single:tiny-lm,metasd-ucb,metasd-ucb/throughput,hedge,exp3,oracle")
+
+
+@pytest.fixture(scope="module")
+def tiny_result(bundle):
+    prompts = [Prompt(q["question_id"], q["category"], q["turns"][0]) for q in QUESTIONS[::2]]
+    methods = parse_methods(TINY_METHODS, bundle.drafter_names, list(bundle.models))
+    return run_bench(bundle, prompts, methods, max_new_tokens=12, warmup=False, progress=False, log=lambda m: None)
+
+
+def test_results_have_the_contract_columns_and_one_row_per_method_and_prompt(tiny_result):
+    res = tiny_result.results
+    assert list(res.columns[: len(CONTRACT_COLUMNS)]) == CONTRACT_COLUMNS
+    assert list(res.columns) == RESULT_COLUMNS
+    n_methods = len(TINY_METHODS.split(","))
+    assert len(res) == 2 * n_methods
+    assert res.groupby("method").size().eq(2).all()
+    assert set(res["category"]) == {"summarization", "translation"}
+
+
+def test_greedy_outputs_are_identical_to_the_baseline(tiny_result):
+    res = tiny_result.results
+    assert res["identical_to_baseline"].all(), res[~res["identical_to_baseline"]][["method", "first_mismatch"]]
+    assert (res["first_mismatch"] == -1).all()
+    assert (res["new_tokens"] == 12).all()  # a random tiny model does not stop early
+
+
+def test_calls_accepted_and_time_split_are_consistent(tiny_result):
+    res = tiny_result.results.set_index(["method", "question_id"])
+    base = res.loc["baseline"]
+    assert (base["target_calls"] == base["new_tokens"]).all()  # one forward call per token
+    assert (base["mean_accepted"] == 0).all()
+    for name in ("hf-pld", "hf-assisted:tiny-lm", "single:tiny-lm", "metasd-ucb", "hedge"):
+        r = res.loc[name]
+        assert (r["target_calls"] >= 1).all() and (r["target_calls"] <= r["new_tokens"]).all()
+        # Each call emits its accepted tokens plus one of the target's own.
+        assert ((r["mean_accepted"] + 1) * r["target_calls"] >= r["new_tokens"] - 1e-9).all()
+    ours = res[res["draft_s"].notna()]
+    assert set(ours.index.get_level_values(0)) == {"single:prompt-lookup", "single:token-recycling", "single:tiny-lm",
+                                                   "metasd-ucb", "metasd-ucb/throughput", "hedge", "exp3", "oracle"}
+    parts = ours[["prefill_s", "draft_s", "verify_s", "overhead_s"]].sum(axis=1)
+    assert (parts <= ours["wall_s"] + 1e-6).all()
+    assert res.loc["single:tiny-lm", "drafter_pulls"].str.startswith("tiny-lm=").all()
+    rounds = tiny_result.rounds
+    assert set(rounds["method"]) == set(ours.index.get_level_values(0)) - {"oracle"}
+    per = rounds.groupby(["method", "question_id"])["emitted"].sum()
+    assert (per == 12).all()
+
+
+def test_oracle_is_the_fastest_single_drafter_of_each_prompt(tiny_result):
+    res = tiny_result.results
+    singles = res[res["method"].str.startswith("single:")]
+    for qid, g in singles.groupby("question_id"):
+        best = g.loc[g["wall_s"].idxmin()]
+        o = res[(res["method"] == "oracle") & (res["question_id"] == qid)].iloc[0]
+        assert o["oracle_choice"] == best["method"]
+        assert o["wall_s"] == best["wall_s"] and o["target_calls"] == best["target_calls"]
+
+
+# --------------------------------------------------------------------------------------------
+# Summaries, on tables built by hand
+
+
+def _table(walls: dict[str, list[float]], calls: dict[str, list[int]] | None = None) -> pd.DataFrame:
+    cats = ["writing", "writing", "rag"]
+    rows = []
+    for m, ws in walls.items():
+        for i, w in enumerate(ws):
+            c = (calls or {}).get(m, [10] * len(ws))[i]
+            rows.append({"method": m, "question_id": i + 1, "category": cats[i], "new_tokens": 10, "wall_s": w,
+                         "target_calls": c, "mean_accepted": 10 / c - 1, "identical_to_baseline": not (m == "slow" and i == 0),
+                         "draft_s": math.nan if m == "baseline" else 0.1, "verify_s": math.nan if m == "baseline" else 0.5,
+                         "overhead_s": math.nan if m == "baseline" else 0.01, "prefill_s": math.nan if m == "baseline" else 0.05,
+                         "oracle_choice": ""})
+    return pd.DataFrame(rows)
+
+
+def test_a_slower_method_shows_a_lower_speedup():
+    df = _table({"baseline": [2.0, 2.0, 3.0], "fast": [1.0, 1.0, 1.0], "slow": [4.0, 4.0, 6.0]},
+                calls={"fast": [5, 5, 2], "slow": [10, 10, 10]})
+    s = summarize(df).set_index(["method", "category"])
+    assert s.loc[("baseline", "overall"), "speedup"] == pytest.approx(1.0)
+    assert s.loc[("fast", "writing"), "speedup"] == pytest.approx(4.0 / 2.0)
+    assert s.loc[("fast", "rag"), "speedup"] == pytest.approx(3.0)
+    assert s.loc[("fast", "overall"), "speedup"] == pytest.approx(7.0 / 3.0)  # sums, not a mean of ratios
+    assert s.loc[("slow", "overall"), "speedup"] == pytest.approx(0.5)
+    overall = s.xs("overall", level="category")["speedup"]
+    assert overall["slow"] < overall["baseline"] < overall["fast"]
+    # accepted per call is weighted by calls: (5 + 5 + 8) accepted over 12 calls
+    assert s.loc[("fast", "overall"), "mean_accepted"] == pytest.approx(18 / 12)
+    assert s.loc[("fast", "overall"), "calls_per_token"] == pytest.approx(12 / 30)
+    assert s.loc[("slow", "writing"), "identical"] == pytest.approx(0.5)
+    assert s.loc[("slow", "overall"), "identical"] == pytest.approx(2 / 3)
+    t = speedup_table(summarize(df))
+    assert list(t.index) == ["baseline", "fast", "slow"] and list(t.columns) == ["writing", "rag", "overall"]
+
+
+def test_summary_markdown_and_files(tiny_result, tmp_path):
+    md = summary_markdown(tiny_result)
+    for needle in ("## Speed-up over the baseline", "## Per method and category", "overall", "speed-up",
+                   "accepted/call", "calls/token", "identical", "hf-assisted:tiny-lm", "Where our engine's time goes",
+                   "Every output is identical"):
+        assert needle in md
+    paths = write_outputs(tiny_result, tmp_path / "out")
+    res = pd.read_csv(paths["results.csv"])
+    assert list(res.columns) == RESULT_COLUMNS
+    assert res["identical_to_baseline"].all()
+    html = paths["report.html"].read_text(encoding="utf-8")
+    assert "plotly" in html.lower() and "Speed-up over the baseline" in html
+    assert paths["summary.md"].read_text(encoding="utf-8") == md
+
+
+# --------------------------------------------------------------------------------------------
+# The command line, end to end, with the tiny bundle injected
+
+
+def test_cli_bench_end_to_end(bundle, questions_file, tmp_path, monkeypatch, capsys):
+    import metasd.models
+    from metasd.cli import main
+
+    monkeypatch.setattr(metasd.models, "load_bundle", lambda *a, **k: bundle)
+    out = tmp_path / "bench-out"
+    rc = main(["bench", "--prompts", str(questions_file), "--categories", "summarization,translation",
+               "--per-category", "1", "--max-new-tokens", "6", "--methods",
+               "baseline,hf-pld,single:prompt-lookup,single:layer-skip,metasd-ucb,oracle", "--out", str(out), "--quiet"])
+    assert rc == 0
+    printed = capsys.readouterr().out
+    assert "## Speed-up over the baseline" in printed and "overall" in printed
+    res = pd.read_csv(out / "results.csv")
+    assert list(res.columns[: len(CONTRACT_COLUMNS)]) == CONTRACT_COLUMNS
+    assert len(res) == 2 * 6 and set(res["question_id"]) == {1, 3}
+    assert res["identical_to_baseline"].all()
+    assert (out / "summary.md").read_text(encoding="utf-8") in printed
+    assert (out / "report.html").exists()
+
+
+def test_cli_bench_reports_bad_input(questions_file, tmp_path, capsys):
+    from metasd.cli import main
+
+    rc = main(["bench", "--prompts", str(questions_file), "--categories", "poetry", "--out", str(tmp_path / "o")])
+    assert rc == 2
+    assert "unknown category 'poetry'" in capsys.readouterr().err
+    rc = main(["bench", "--prompts", str(questions_file), "--methods", "baseline,warp-drive", "--out", str(tmp_path / "o")])
+    assert rc == 2
+
+
+def test_run_bench_needs_a_baseline(bundle):
+    with pytest.raises(InvalidInput, match="baseline"):
+        run_bench(bundle, [Prompt(1, "x", "hello")], [Method("metasd-ucb", "engine", policy="metasd-ucb", reward="bd")],
+                  max_new_tokens=4, progress=False)
+
+
+def test_bench_module_has_no_copy_of_the_questions():
+    import inspect
+
+    src = inspect.getsource(bench)
+    assert "Compose an engaging travel blog post" not in src
+
+
+def test_prompts_run_round_robin_over_categories():
+    ps = [Prompt(i, c, "x") for i, c in enumerate(["a", "a", "b", "b", "c"])]
+    order = [p.question_id for p, _ in bench._round_robin([(p, [1]) for p in ps])]
+    assert order == [0, 2, 4, 1, 3]  # a run cut short has already seen every category
