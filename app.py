@@ -8,6 +8,7 @@ builds the page, keeps the loaded models, and wires engine events to components.
 
 import argparse
 import atexit
+import gc
 import json
 import logging
 import os
@@ -15,6 +16,7 @@ import shutil
 import tempfile
 import threading
 import time
+import traceback
 import uuid
 from pathlib import Path
 from typing import Any
@@ -27,11 +29,19 @@ from metasd import viz
 from metasd.engine import encode_prompt, generate, target_greedy
 from metasd.engine import run as engine_run
 from metasd.events import RoundEvent, Summary
-from metasd.models import Bundle, load_bundle
+from metasd.models import Bundle, cache_root, load_bundle
 from metasd.playground import SynthDrafter, compare, expected_speedup, expected_tokens
 from metasd.policies import POLICIES, POLICY_HELP
 from metasd.presets import DEFAULT_PRESET, PRESETS
-from metasd.validation import InvalidInput
+from metasd.validation import (
+    MAX_PROMPT_CHARS,
+    PROMPT_SET_MAX_BYTES,
+    InvalidInput,
+    clean_prompt,
+    number,
+    parse_prompt_set,
+    validate_playground,
+)
 
 try:  # ZeroGPU on Hugging Face Spaces: a GPU is attached only inside decorated calls.
     import spaces
@@ -52,9 +62,12 @@ HAS_CUDA = torch.cuda.is_available()
 GEN_CONCURRENCY = int(os.environ.get("METASD_CONCURRENCY", "2" if HAS_CUDA else "1"))
 QUEUE_SIZE = int(os.environ.get("METASD_QUEUE_SIZE", "32"))
 MAX_NEW_TOKENS = 1024 if HAS_CUDA else 512
+COMPARE_MAX_NEW_TOKENS = 256
 COMPARE_MAX_PROMPTS = 40 if HAS_CUDA else 21
-TMP = Path(tempfile.mkdtemp(prefix="metasd-app-"))  # the app's own temp dir: run logs only
+TMP = Path(tempfile.mkdtemp(prefix="metasd-app-"))  # the app's own temp dir (mode 0700): run logs only
 atexit.register(shutil.rmtree, TMP, True)
+TMP_MAX_AGE_S = 3600  # run logs older than this are deleted (gradio serves its own copy meanwhile)
+TMP_MAX_FILES = 400
 
 EXAMPLES: list[dict[str, Any]] = json.loads((ASSETS / "examples.json").read_text(encoding="utf-8"))
 TASKS = list(dict.fromkeys(e["category"] for e in EXAMPLES))
@@ -104,7 +117,7 @@ def _bundle(name: Any) -> Bundle:
     try:
         return get_bundle(name)
     except InvalidInput as e:
-        raise gr.Error(str(e)) from None
+        raise _refused(e) from None
 
 
 def _drafters_of(name: str) -> list[str]:
@@ -131,11 +144,62 @@ def _policy_info(name: str) -> str:
 # ----------------------------------------------------------------------------------------------
 # Generate: one page update per engine round.
 
-_stops: dict[str, threading.Event] = {}  # session -> the stop signal of its running generation
+# session -> the stop signals of its running generations (a session may run several through the API)
+_stops: dict[str, set[threading.Event]] = {}
+_stops_lock = threading.Lock()
 
 
 def _session(request: gr.Request | None) -> str:
     return getattr(request, "session_hash", None) or "api"
+
+
+def _start_run(key: str, stop: threading.Event) -> None:
+    with _stops_lock:
+        _stops.setdefault(key, set()).add(stop)
+
+
+def _end_run(key: str, stop: threading.Event) -> None:
+    stop.set()
+    with _stops_lock:
+        runs = _stops.get(key)
+        if runs is not None:
+            runs.discard(stop)
+            if not runs:
+                del _stops[key]
+
+
+def _refused(e: InvalidInput) -> gr.Error:
+    """Bad input: its message, for the user (not a server fault, so no traceback in the log either)."""
+    return gr.Error(str(e), print_exception=False)
+
+
+def _failure(e: BaseException) -> gr.Error:
+    """A message for the user about an unexpected fault; the log keeps the traceback. Out of memory
+    frees what the failed request held, so the shared models serve the next request normally."""
+    log.error("request failed", exc_info=e)
+    # The traceback's frames hold the failed request's KV caches and drafters: let them go now (the
+    # gr.Error raised from here keeps `e` as its context), so that out of memory can really be freed.
+    traceback.clear_frames(e.__traceback__)
+    e.__traceback__ = None
+    if isinstance(e, torch.OutOfMemoryError) or "out of memory" in str(e).lower():
+        _free_memory()
+        return gr.Error("Out of memory on this machine: try fewer new tokens, a shorter prompt, or again in a moment.",
+                        print_exception=False)
+    return gr.Error(f"Generation failed ({type(e).__name__}). Try a shorter prompt or fewer tokens.", print_exception=False)
+
+
+def _free_memory() -> None:
+    gc.collect()
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
+
+
+def _checked(bundle: Bundle, prompt: Any, limit: int, **settings: Any) -> str:
+    """Validate a request exactly as the engine will (metasd.validation, context length included)
+    without running it; returns the cleaned prompt. Raises InvalidInput."""
+    text = clean_prompt(prompt)
+    generate(bundle, text, max_new_tokens_limit=limit, **settings).close()  # validates eagerly, runs nothing
+    return text
 
 
 def _baseline_key(preset: str, prompt: str, n: int) -> str:
@@ -169,22 +233,28 @@ def generate_view(prompt: str, preset: str = DEFAULT_PRESET, drafters: list[str]
     """Stream a generation: one update per round (tokens HTML, arm probabilities, regret, numbers, table)."""
     bundle = _bundle(preset)
     names = bundle.drafter_names
+    if drafters is not None and not isinstance(drafters, list | tuple | str):
+        raise gr.Error("drafters must be a list of drafter names")
     if drafters is not None and len(drafters) == 0:
         raise gr.Error("Tick at least one drafter.")
-    if drafters and not set(drafters) <= set(names) and list(drafters) == _drafters_of(default_preset()):
+    if (isinstance(drafters, list) and not set(drafters) <= set(names)
+            and list(drafters) == _drafters_of(default_preset())):
         drafters = None  # the page's default list was sent along with another preset: use all of its drafters
     stop = threading.Event()
-    key = _session(request)
-    _stops[key] = stop
-    t0 = time.perf_counter()
     try:
-        events = generate(bundle, prompt, drafters=list(drafters) if drafters else None, policy=policy, reward=reward,
-                          gamma=gamma, max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p,
-                          seed=seed, full_info=full_info, stop=stop, max_new_tokens_limit=MAX_NEW_TOKENS)
+        text = clean_prompt(prompt)
+        events = generate(bundle, text, drafters=list(drafters) if isinstance(drafters, list | tuple) else drafters,
+                          policy=policy, reward=reward, gamma=gamma, max_new_tokens=max_new_tokens,
+                          temperature=temperature, top_p=top_p, seed=seed, full_info=full_info, stop=stop,
+                          max_new_tokens_limit=MAX_NEW_TOKENS)
     except InvalidInput as e:
-        _stops.pop(key, None)
-        raise gr.Error(str(e)) from None
-    record: dict[str, Any] = {"preset": bundle.preset.name, "prompt": prompt, "rounds": [], "summary": None,
+        raise _refused(e) from None
+    except Exception as e:  # e.g. the tokenizer failing on something validation let through
+        raise _failure(e) from None
+    key = _session(request)
+    _start_run(key, stop)  # registered only now: a refused request leaves nothing behind
+    t0 = time.perf_counter()
+    record: dict[str, Any] = {"preset": bundle.preset.name, "prompt": text, "rounds": [], "summary": None,
                               "elapsed": 0.0, "all_drafters": names,
                               "drafters": list(drafters) if drafters else names,
                               "settings": {"policy": policy, "reward": reward, "gamma": gamma,
@@ -201,21 +271,20 @@ def generate_view(prompt: str, preset: str = DEFAULT_PRESET, drafters: list[str]
             record = {**record, "rounds": [*record["rounds"], ev], "elapsed": time.perf_counter() - t0}
             yield (*_view(record, baselines, f"round {ev.round} \u00b7 {ev.new_tokens} tokens \u00b7 streaming ..."), record)
     except InvalidInput as e:
-        raise gr.Error(str(e)) from None
+        raise _refused(e) from None
     except Exception as e:  # shown as a message, never a traceback; the log keeps the details
-        log.exception("generation failed")
-        raise gr.Error(f"Generation failed ({type(e).__name__}). Try a shorter prompt or fewer tokens.") from None
+        raise _failure(e) from None
     finally:
-        stop.set()
         events.close()  # frees the drafters' caches and the target's KV cache
-        if _stops.get(key) is stop:
-            del _stops[key]
+        _end_run(key, stop)
 
 
 def stop_generation(request: gr.Request = None) -> None:
-    """Stop button: signal the running generation (the event itself is cancelled by `cancels`)."""
-    ev = _stops.get(_session(request))
-    if ev is not None:
+    """Stop button, or the tab closed: signal the session's running generations to end at the next
+    round (the event itself is cancelled by `cancels`; its `finally` frees the caches)."""
+    with _stops_lock:
+        runs = list(_stops.get(_session(request), ()))
+    for ev in runs:
         ev.set()
 
 
@@ -232,13 +301,27 @@ def write_logs(record: dict[str, Any] | None):
     """The per-round log as CSV and JSON, in the app's own temp dir, for the download buttons."""
     if not record or not record.get("rounds"):
         return gr.update(value=None, interactive=False), gr.update(value=None, interactive=False)
-    stem = TMP / f"metasd-run-{uuid.uuid4().hex[:10]}"
+    _prune_tmp()
+    stem = TMP / f"metasd-run-{uuid.uuid4().hex}"  # unguessable: the log holds the user's prompt
     viz.rounds_frame(record["rounds"]).to_csv(stem.with_suffix(".csv"), index=False)
     obj = viz.run_record(record["prompt"], record["rounds"], record.get("summary"),
                          {"preset": record["preset"], "settings": record["settings"]})
     stem.with_suffix(".json").write_text(json.dumps(obj, ensure_ascii=False, indent=1), encoding="utf-8")
     return (gr.update(value=str(stem.with_suffix(".csv")), interactive=True),
             gr.update(value=str(stem.with_suffix(".json")), interactive=True))
+
+
+def _prune_tmp() -> None:
+    """Keep the app's temp dir bounded over a long session: drop old files, then the oldest beyond the cap."""
+    max_age, max_files = TMP_MAX_AGE_S, TMP_MAX_FILES
+    try:
+        files = sorted((f.stat().st_mtime, f) for f in TMP.iterdir() if f.is_file())
+    except OSError:
+        return
+    now = time.time()
+    for i, (mtime, f) in enumerate(files):
+        if now - mtime > max_age or i < len(files) - max_files:
+            f.unlink(missing_ok=True)
 
 
 def _measure_target(bundle: Bundle, prompt: str, n: int) -> tuple[list[int], float]:
@@ -259,7 +342,10 @@ def measure_baseline(record: dict[str, Any] | None, baselines: dict | None, auto
     key = _baseline_key(record["preset"], record["prompt"], n)
     if key not in baselines or forced:
         bundle = _bundle(record["preset"])
-        out, secs = _measure_target(bundle, record["prompt"], n)
+        try:
+            out, secs = _measure_target(bundle, record["prompt"], n)
+        except Exception as e:
+            raise _failure(e) from None
         ours = [t for ev in rounds for t in ev.emitted]
         note = f"Target alone measured on this prompt in this session: {len(out)} tokens in {secs:.2f} s."
         if record["settings"]["temperature"] == 0:
@@ -295,10 +381,14 @@ def compare_prompt(prompt: str, preset: str, policy: str, max_new_tokens: int,
     names = bundle.drafter_names
     methods = [f"single:{d}" for d in names] + [policy]
     try:
-        runs, base_tps, ref = _method_runs(bundle, prompt, methods, int(max_new_tokens), progress, "prompt", 0,
+        max_new_tokens = int(number("max_new_tokens", max_new_tokens, True, (1, COMPARE_MAX_NEW_TOKENS)))
+        prompt = _checked(bundle, prompt, COMPARE_MAX_NEW_TOKENS, policy=policy, max_new_tokens=max_new_tokens)
+        runs, base_tps, ref = _method_runs(bundle, prompt, methods, max_new_tokens, progress, "prompt", 0,
                                            len(methods) + 1)
     except InvalidInput as e:
-        raise gr.Error(str(e)) from None
+        raise _refused(e) from None
+    except Exception as e:
+        raise _failure(e) from None
     colors = viz.drafter_colors(names)
     rows = [{"method": "target alone", "new_tokens": len(ref), "tokens_per_s": round(base_tps, 2), "speedup": 1.0,
              "identical_to_target": True}]
@@ -321,15 +411,19 @@ def compare_set(source: str, upload: Any, per_category: int, preset: str, policy
     """A prompt set: each drafter alone and the bandit on every prompt; acceptance heatmap and speed-up bars."""
     bundle = _bundle(preset)
     try:
+        per_category = int(number("per_category", per_category, True))
+        max_new_tokens = int(number("max_new_tokens", max_new_tokens, True, (1, COMPARE_MAX_NEW_TOKENS)))
+        # The settings once, on a short prompt: policy and max new tokens are the same for every prompt.
+        _checked(bundle, "settings check", COMPARE_MAX_NEW_TOKENS, policy=policy, max_new_tokens=max_new_tokens)
         if source == "upload":
-            if not upload:
-                raise gr.Error("Upload a JSONL file (question_id, category, turns) first.")
-            items = viz.read_prompt_set(Path(upload).read_text(encoding="utf-8"))
-        else:
+            items = parse_prompt_set(_read_upload(upload))
+        elif source == "examples":
             items = [{"question_id": e["question_id"], "category": e["category"], "prompt": e["turns"][0]} for e in EXAMPLES]
-    except (ValueError, UnicodeDecodeError) as e:
-        raise gr.Error(f"Could not read the prompt set: {e}") from None
-    items = viz.pick_per_category(items, int(per_category))
+        else:
+            raise InvalidInput(f"unknown prompt source {source!r}; choose examples or upload")
+    except InvalidInput as e:
+        raise _refused(e) from None
+    items = viz.pick_per_category(items, per_category)
     if len(items) > COMPARE_MAX_PROMPTS:
         gr.Warning(f"Using the first {COMPARE_MAX_PROMPTS} of {len(items)} prompts.")
         items = items[:COMPARE_MAX_PROMPTS]
@@ -338,19 +432,40 @@ def compare_set(source: str, upload: Any, per_category: int, preset: str, policy
     rows = []
     for k, it in enumerate(items):
         try:
-            runs, base_tps, ref = _method_runs(bundle, it["prompt"], methods, int(max_new_tokens), progress,
+            runs, base_tps, ref = _method_runs(bundle, it["prompt"], methods, max_new_tokens, progress,
                                                f"{it['category']} {k + 1}/{len(items)}", k * per, len(items) * per)
-        except InvalidInput as e:
+        except InvalidInput as e:  # e.g. a prompt longer than the model's context
             gr.Warning(f"Skipped {it['question_id']}: {e}")
             continue
+        except Exception as e:
+            raise _failure(e) from None
         for m, (_, s) in runs.items():
             rows.append(viz.method_row(m, s, base_tps, list(s.token_ids) == ref[: len(s.token_ids)],
                                        it["category"], it["question_id"]))
+    if not rows:
+        raise gr.Error("No prompt of the set could be run (see the warnings).")
     df = pd.DataFrame(rows)
-    path = TMP / f"metasd-compare-{uuid.uuid4().hex[:10]}.csv"
+    _prune_tmp()
+    path = TMP / f"metasd-compare-{uuid.uuid4().hex}.csv"
     df.to_csv(path, index=False)
     colors = viz.drafter_colors(bundle.drafter_names)
     return viz.acceptance_heatmap(df), viz.speedup_bars(df, colors), df, gr.update(value=str(path), interactive=True)
+
+
+def _read_upload(upload: Any) -> bytes:
+    """The bytes of the file gradio stored for this request (it accepts only its own uploads), size-checked
+    before reading."""
+    path = getattr(upload, "path", None) or getattr(upload, "name", None) or upload
+    if not path or not isinstance(path, str | os.PathLike):
+        raise InvalidInput("Upload a JSONL file (question_id, category, turns) first.")
+    try:
+        size = os.stat(path).st_size
+        if size > PROMPT_SET_MAX_BYTES:
+            raise InvalidInput(f"the prompt file has {size:,} bytes; the limit is {PROMPT_SET_MAX_BYTES:,}")
+        with open(path, "rb") as f:
+            return f.read(PROMPT_SET_MAX_BYTES + 1)
+    except OSError:
+        raise InvalidInput("the uploaded file could not be read; upload it again") from None
 
 
 # ----------------------------------------------------------------------------------------------
@@ -364,15 +479,16 @@ PLAYGROUND_DRAFTERS = pd.DataFrame(
 
 def run_playground(table: pd.DataFrame, policies: list[str], gamma: int, rounds: int, reward: str, full_info: bool,
                    spread: float, seed: int):
-    if not policies:
-        raise gr.Error("Pick at least one policy.")
     try:
-        drafters = [SynthDrafter(str(r["drafter"]).strip() or f"arm {i}", float(r["acceptance"]), float(r["cost"]))
-                    for i, r in enumerate(table.to_dict("records")) if str(r.get("drafter", "")).strip()]
-        if len({d.name for d in drafters}) != len(drafters):
-            raise ValueError("drafter names must be distinct")
-        results = compare(policies, drafters, gamma=int(gamma), rounds=int(rounds), reward=reward,
-                          full_info=bool(full_info), spread=float(spread), seed=int(seed))
+        rows = table.to_dict("records") if isinstance(table, pd.DataFrame) else table
+        st = validate_playground(rows, policies, gamma, rounds, reward, full_info, spread, seed)
+    except InvalidInput as e:
+        raise gr.Error(f"Playground settings: {e}") from None
+    drafters = [SynthDrafter(name, acc, cost) for name, acc, cost in st.drafters]
+    gamma = st.gamma
+    try:
+        results = compare(list(st.policies), drafters, gamma=st.gamma, rounds=st.rounds, reward=st.reward,
+                          full_info=st.full_info, spread=st.spread, seed=st.seed)
     except (ValueError, TypeError, KeyError) as e:
         raise gr.Error(f"Playground settings: {e}") from None
     colors = viz.drafter_colors([d.name for d in drafters])
@@ -420,12 +536,25 @@ Good policies bend the curve flat (logarithmic); a cost-blind reward with an exp
 # The page
 
 
+def _as_sent(payload: Any) -> Any:
+    return payload
+
+
+def _take_as_sent(*components: gr.components.Component) -> None:
+    """Numbers reach the handlers as sent: metasd.validation checks their type and range, and its message
+    names the setting (gradio's own check says only "Value 99 is greater than maximum value 16", and a
+    wrong type gets no message at all). Set on the instance: a gradio subclass would write a .pyi file."""
+    for c in components:
+        c.preprocess = _as_sent
+
+
 def build_demo() -> gr.Blocks:
     presets = available_presets()
     preset0 = default_preset()
     drafters0 = _drafters_of(preset0)
     gamma0 = PRESETS[preset0].gamma
-    with gr.Blocks(title="MetaSD Studio") as demo:
+    # delete_cache: gradio's copies of served files (run logs hold prompts) go after an hour.
+    with gr.Blocks(title="MetaSD Studio", delete_cache=(TMP_MAX_AGE_S, TMP_MAX_AGE_S)) as demo:
         baselines = gr.State({})
         record = gr.State(None)
         gr.HTML(
@@ -440,7 +569,7 @@ def build_demo() -> gr.Blocks:
             with gr.Tab("Generate", id="generate"):
                 with gr.Row(equal_height=False):
                     with gr.Column(scale=6):
-                        prompt = gr.Textbox(label="Prompt", lines=4, max_lines=14, elem_id="prompt",
+                        prompt = gr.Textbox(label="Prompt", lines=4, max_lines=14, elem_id="prompt", max_length=MAX_PROMPT_CHARS,
                                             placeholder="Ask something, or pick an example below", value=EXAMPLES[2]["turns"][0])
                         with gr.Row():
                             run_btn = gr.Button("Run", variant="primary", elem_id="run", scale=3)
@@ -523,9 +652,9 @@ def build_demo() -> gr.Blocks:
                 with gr.Row():
                     c_preset = gr.Dropdown(presets, value=preset0, label="Preset", scale=1)
                     c_policy = gr.Dropdown([n for n in POLICIES], value="metasd-ucb", label="Bandit policy", scale=1)
-                    c_tokens = gr.Slider(8, 256, value=64, step=8, label="Max new tokens", scale=2)
+                    c_tokens = gr.Slider(8, COMPARE_MAX_NEW_TOKENS, value=64, step=8, label="Max new tokens", scale=2)
                 with gr.Accordion("One prompt, side by side", open=True):
-                    c_prompt = gr.Textbox(label="Prompt", lines=3, value=EXAMPLES[8]["turns"][0])
+                    c_prompt = gr.Textbox(label="Prompt", lines=3, value=EXAMPLES[8]["turns"][0], max_length=MAX_PROMPT_CHARS)
                     c_btn = gr.Button("Compare drafters on this prompt", variant="primary")
                     c_table = gr.DataFrame(label="Methods (greedy; speed-up against the target alone, measured here)",
                                            interactive=False)
@@ -582,6 +711,9 @@ def build_demo() -> gr.Blocks:
                 p_btn.click(run_playground, p_inputs, [p_probs, p_regret, p_summary, p_values], api_name="playground",
                             concurrency_limit=4)
                 demo.load(run_playground, p_inputs, [p_probs, p_regret, p_summary, p_values], api_visibility="private")
+        # A closed tab ends its generation (gradio also drops the run when the page's stream closes).
+        demo.unload(stop_generation)
+        _take_as_sent(gamma, max_new_tokens, temperature, top_p, seed, c_tokens, s_per, p_gamma, p_rounds, p_spread, p_seed)
     return demo
 
 
@@ -604,8 +736,13 @@ def launch(demo: gr.Blocks | None = None, host: str | None = None, port: int | N
     demo = demo or build_demo()
     h, p = server_address()
     demo.queue(max_size=QUEUE_SIZE, default_concurrency_limit=GEN_CONCURRENCY)
+    kwargs.setdefault("share", False)  # no public share link unless the caller asks for one
+    # Files are served only from the app's temp dir (and gradio's own upload/cache dirs); the source
+    # tree and the model cache are blocked outright, whatever else is configured.
+    served = [TMP.resolve(), Path(gr.utils.get_upload_folder()).resolve()]
+    blocked = [str(d.resolve()) for d in (ROOT, cache_root()) if not any(x.is_relative_to(d.resolve()) for x in served)]
     return demo.launch(server_name=host or h, server_port=port or p, theme=THEME, css=CSS, footer_links=["api"],
-                       allowed_paths=[str(TMP)], **kwargs)
+                       allowed_paths=[str(TMP)], blocked_paths=blocked, max_file_size=PROMPT_SET_MAX_BYTES, **kwargs)
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -6,6 +6,7 @@ callers show it as it is (a CLI error line, a `gr.Error`), never a traceback.
 
 from __future__ import annotations
 
+import json
 import math
 import unicodedata
 from dataclasses import dataclass
@@ -15,6 +16,10 @@ from metasd.policies import POLICIES
 
 REWARDS = ("bd", "be", "throughput")
 MAX_PROMPT_CHARS = 32_000
+PROMPT_SET_MAX_BYTES = 1_000_000  # an uploaded Spec-Bench JSONL (the real one is ~150 KB)
+PROMPT_SET_MAX_LINES = 5_000
+PLAYGROUND_MAX_DRAFTERS = 8
+LABEL_MAX_CHARS = 64  # drafter names, categories and question ids shown back in the page
 LIMITS = {
     "gamma": (1, 16),
     "max_new_tokens": (1, 4096),
@@ -22,6 +27,12 @@ LIMITS = {
     "top_p": (0.01, 1.0),  # top-p of 0 would leave nothing to sample
     "top_k": (0, 1_000_000),
     "seed": (0, 2**32 - 1),
+    # The app's Compare tab and bandit playground
+    "per_category": (1, 10),
+    "rounds": (1, 20_000),  # the playground draws rounds x drafters x gamma numbers up front
+    "spread": (0.5, 50.0),
+    "acceptance": (0.0, 1.0),
+    "cost": (0.0, 100.0),
 }
 
 
@@ -44,22 +55,26 @@ class Settings:
     full_info: bool = False
 
 
-def _number(name: str, value: Any, integer: bool) -> float | int:
-    lo, hi = LIMITS[name]
+def number(name: str, value: Any, integer: bool, limits: tuple[float, float] | None = None) -> float | int:
+    """`value` as a finite number (an int when `integer`) within LIMITS[name], or InvalidInput naming it."""
+    lo, hi = limits or LIMITS[name]
+    shown = repr(value) if len(repr(value)) <= 40 else repr(value)[:37] + "..."
     if isinstance(value, bool) or value is None:
-        raise InvalidInput(f"{name} must be a number between {lo} and {hi}, got {value!r}")
+        raise InvalidInput(f"{name} must be a number between {lo} and {hi}, got {shown}")
+    if isinstance(value, str) and len(value) > 40:
+        raise InvalidInput(f"{name} must be a number between {lo} and {hi}, got {shown}")
     try:
         x = float(value)
-    except (TypeError, ValueError):
-        raise InvalidInput(f"{name} must be a number between {lo} and {hi}, got {value!r}") from None
+    except (TypeError, ValueError, OverflowError):
+        raise InvalidInput(f"{name} must be a number between {lo} and {hi}, got {shown}") from None
     if not math.isfinite(x):
-        raise InvalidInput(f"{name} must be a finite number between {lo} and {hi}, got {value!r}")
+        raise InvalidInput(f"{name} must be a finite number between {lo} and {hi}, got {shown}")
     if integer:
         if x != int(x):
-            raise InvalidInput(f"{name} must be a whole number between {lo} and {hi}, got {value!r}")
-        x = int(x)
+            raise InvalidInput(f"{name} must be a whole number between {lo} and {hi}, got {shown}")
+        x = value if isinstance(value, int) else int(x)  # exact for ints beyond float precision
     if not lo <= x <= hi:
-        raise InvalidInput(f"{name} must be between {lo} and {hi}, got {value!r}")
+        raise InvalidInput(f"{name} must be between {lo} and {hi}, got {shown}")
     return x
 
 
@@ -71,6 +86,8 @@ def clean_prompt(prompt: Any, max_chars: int = MAX_PROMPT_CHARS) -> str:
     """
     if not isinstance(prompt, str):
         raise InvalidInput(f"the prompt must be text, got {type(prompt).__name__}")
+    if len(prompt) > 2 * max_chars:  # refuse a huge paste before spending time normalising it
+        raise InvalidInput(f"the prompt has {len(prompt):,} characters; the limit is {max_chars:,}")
     text = prompt.encode("utf-8", "replace").decode("utf-8") if _has_surrogates(prompt) else prompt
     text = unicodedata.normalize("NFC", text)
     text = "".join(ch for ch in text if ch in "\n\t" or unicodedata.category(ch) not in ("Cc", "Cf", "Cs", "Co"))
@@ -119,20 +136,121 @@ def validate_settings(available: list[str], drafters: Any = None, policy: Any = 
         raise InvalidInput(f"unknown policy {policy!r}; choose one of {', '.join(POLICIES)} or single:<drafter>")
     if reward not in REWARDS:
         raise InvalidInput(f"unknown reward {reward!r}; choose one of {', '.join(REWARDS)}")
-    mnt = _number("max_new_tokens", max_new_tokens, True)
-    if max_new_tokens_limit is not None and mnt > max_new_tokens_limit:
-        raise InvalidInput(f"max_new_tokens must be between 1 and {max_new_tokens_limit} here, got {max_new_tokens!r}")
+    # A caller's own cap (the app's) is the range the user is told about.
+    top = LIMITS["max_new_tokens"][1] if max_new_tokens_limit is None else min(max_new_tokens_limit, LIMITS["max_new_tokens"][1])
+    mnt = number("max_new_tokens", max_new_tokens, True, (1, top))
     full = bool(full_info) or POLICIES.get(policy) is not None and POLICIES[policy].needs_full_info
     return Settings(
         drafters=tuple(names),
         policy=policy,
         reward=reward,
-        gamma=int(_number("gamma", gamma, True)),
+        gamma=int(number("gamma", gamma, True)),
         max_new_tokens=int(mnt),
-        temperature=float(_number("temperature", temperature, False)),
-        top_p=float(_number("top_p", top_p, False)),
-        top_k=int(_number("top_k", top_k, True)),
-        seed=int(_number("seed", seed, True)),
+        temperature=float(number("temperature", temperature, False)),
+        top_p=float(number("top_p", top_p, False)),
+        top_k=int(number("top_k", top_k, True)),
+        seed=int(number("seed", seed, True)),
         chat_template=bool(chat_template),
         full_info=full,
+    )
+
+
+def clean_label(value: Any, what: str, max_chars: int = LABEL_MAX_CHARS) -> str:
+    """A short name shown back in the page (drafter, category, question id): one line of printable text."""
+    if isinstance(value, bool) or not isinstance(value, str | int | float):
+        raise InvalidInput(f"{what} must be text, got {type(value).__name__}")
+    text = unicodedata.normalize("NFC", str(value)).encode("utf-8", "replace").decode("utf-8")
+    text = " ".join("".join(ch if unicodedata.category(ch)[0] not in "CZ" or ch == " " else " " for ch in text).split())
+    return text[:max_chars]
+
+
+def parse_prompt_set(data: bytes | str, max_bytes: int = PROMPT_SET_MAX_BYTES,
+                     max_lines: int = PROMPT_SET_MAX_LINES) -> list[dict[str, str]]:
+    """Prompts from an uploaded JSONL in Spec-Bench's format (question_id, category, turns).
+
+    Checks size, encoding and every line; a problem raises InvalidInput naming the line.
+    Returns [{"question_id", "category", "prompt"}] with each prompt passed through clean_prompt.
+    """
+    if isinstance(data, str):
+        data = data.encode("utf-8", "replace")
+    if len(data) > max_bytes:
+        raise InvalidInput(f"the prompt file has {len(data):,} bytes; the limit is {max_bytes:,}")
+    try:
+        text = data.decode("utf-8-sig")
+    except UnicodeDecodeError as e:
+        raise InvalidInput(f"the prompt file is not UTF-8 text (bad byte at offset {e.start})") from None
+    lines = text.splitlines()
+    if len(lines) > max_lines:
+        raise InvalidInput(f"the prompt file has {len(lines):,} lines; the limit is {max_lines:,}")
+    out = []
+    for i, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            obj = json.loads(line)
+        except (json.JSONDecodeError, RecursionError) as e:
+            msg = e.msg if isinstance(e, json.JSONDecodeError) else "nested too deeply"
+            raise InvalidInput(f"line {i} of the prompt file is not JSON ({msg})") from None
+        turns = obj.get("turns") if isinstance(obj, dict) else None
+        if not isinstance(turns, list) or not turns or not isinstance(turns[0], str):
+            raise InvalidInput(f"line {i} of the prompt file needs \"turns\": a list whose first item is the prompt")
+        try:
+            prompt = clean_prompt(turns[0])
+            qid = clean_label(obj.get("question_id", i), "question_id") or str(i)
+            category = clean_label(obj.get("category") or "uncategorised", "category") or "uncategorised"
+        except InvalidInput as e:
+            raise InvalidInput(f"line {i} of the prompt file: {e}") from None
+        out.append({"question_id": qid, "category": category, "prompt": prompt})
+    if not out:
+        raise InvalidInput("the prompt file has no prompts")
+    return out
+
+
+@dataclass(frozen=True)
+class PlaygroundSettings:
+    drafters: tuple[tuple[str, float, float], ...]  # (name, acceptance, cost)
+    policies: tuple[str, ...]
+    gamma: int
+    rounds: int
+    reward: str
+    full_info: bool
+    spread: float
+    seed: int
+
+
+def validate_playground(rows: Any, policies: Any, gamma: Any, rounds: Any, reward: Any, full_info: Any,
+                        spread: Any, seed: Any) -> PlaygroundSettings:
+    """The bandit playground's settings: synthetic drafters (name, acceptance, cost) and the simulation."""
+    if not isinstance(rows, list | tuple) or not all(isinstance(r, dict) for r in rows):
+        raise InvalidInput("the drafter table must have the columns drafter, acceptance, cost")
+    drafters = []
+    for i, r in enumerate(rows, 1):
+        raw = r.get("drafter")
+        if raw is None or (isinstance(raw, float) and math.isnan(raw)) or not str(raw).strip():
+            continue  # an empty row
+        name = clean_label(raw, f"drafter name in row {i}")
+        if not name:
+            continue
+        acc = float(number("acceptance", r.get("acceptance"), False))
+        cost = float(number("cost", r.get("cost"), False))
+        drafters.append((name, acc, cost))
+    if not drafters:
+        raise InvalidInput("the playground needs at least one drafter (a row with a name)")
+    if len(drafters) > PLAYGROUND_MAX_DRAFTERS:
+        raise InvalidInput(f"the playground takes at most {PLAYGROUND_MAX_DRAFTERS} drafters, got {len(drafters)}")
+    if len({d[0] for d in drafters}) != len(drafters):
+        raise InvalidInput("drafter names must be distinct")
+    if isinstance(policies, str):
+        policies = [policies]
+    if not isinstance(policies, list | tuple) or not policies:
+        raise InvalidInput("pick at least one policy")
+    unknown = [p for p in policies if not isinstance(p, str) or p not in POLICIES]
+    if unknown:
+        raise InvalidInput(f"unknown policy {unknown[0]!r}; choose from {', '.join(POLICIES)}")
+    if reward not in REWARDS:
+        raise InvalidInput(f"unknown reward {reward!r}; choose one of {', '.join(REWARDS)}")
+    return PlaygroundSettings(
+        drafters=tuple(drafters), policies=tuple(dict.fromkeys(policies)),
+        gamma=int(number("gamma", gamma, True)), rounds=int(number("rounds", rounds, True)), reward=reward,
+        full_info=bool(full_info), spread=float(number("spread", spread, False)), seed=int(number("seed", seed, True)),
     )

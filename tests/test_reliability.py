@@ -1,0 +1,395 @@
+"""Reliability of the app's handlers: validation on arbitrary input, stops, faults, memory over many runs.
+
+Everything here drives the app's own handler functions in-process (generate_view, compare_prompt,
+compare_set, run_playground, stop_generation, measure_baseline). The figures (time from Stop to the
+worker ending, memory before and after N runs) are printed: run with `-s` to see them.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import gc
+import math
+import os
+import threading
+import time
+import unicodedata
+from contextlib import contextmanager
+from types import SimpleNamespace
+from unittest import mock
+
+import gradio as gr
+import pytest
+import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from transformers import DynamicCache
+
+import metasd.engine as engine
+from metasd.validation import LIMITS, InvalidInput, parse_prompt_set, validate_settings
+
+PROMPT = "Summarize in one sentence: the bakery on Elm Street opens at seven and sells rye bread, croissants and tea."
+pytestmark = pytest.mark.offline_model
+
+
+@pytest.fixture(scope="module", autouse=True)
+def one_thread():
+    """One intra-op thread per request: on a shared 2-core machine more threads only contend."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+@pytest.fixture(scope="module")
+def app():
+    import app as app_module
+
+    app_module.get_bundle("offline")
+    return app_module
+
+
+def request(session: str) -> SimpleNamespace:
+    return SimpleNamespace(session_hash=session)
+
+
+def consume(gen, limit: int | None = None) -> list:
+    out = []
+    for x in gen:
+        out.append(x)
+        if limit is not None and len(out) >= limit:
+            break
+    return out
+
+
+def live_caches() -> int:
+    gc.collect()
+    return sum(1 for o in gc.get_objects() if issubclass(type(o), DynamicCache))
+
+
+def rss_mb() -> float:
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) / 1024
+    return float("nan")
+
+
+def settle() -> float:
+    """RSS after collecting garbage and handing freed heap back to the OS (less allocator noise)."""
+    gc.collect()
+    try:
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except OSError:
+        pass
+    return rss_mb()
+
+
+# ----------------------------------------------------------------------------------------------
+# Validation through the handlers, on arbitrary strings and numbers (hypothesis)
+
+
+class Ran(BaseException):
+    """Raised by a stub in place of the models: validation let the request through."""
+
+
+def recorder(calls: list):
+    def stub(*a, **k):
+        calls.append((a, k))
+        raise Ran
+
+    return stub
+
+
+@contextmanager
+def engine_stub():
+    """The engine's rounds replaced by a recorder: the handlers validate and tokenize for real, run nothing."""
+    seen: list = []
+
+    def rounds(bundle, prompt, prompt_ids, st_, stop, inspect):
+        seen.append((prompt, prompt_ids, st_))
+        return iter(())
+
+    with mock.patch.object(engine, "_rounds", rounds):
+        yield seen
+
+
+def _named(message: str) -> bool:
+    """A validation message names what was wrong."""
+    words = ("prompt", "drafter", "policy", "reward", "preset", "context", *LIMITS)
+    return any(w in message for w in words) and "Traceback" not in message
+
+
+NUMBER = st.one_of(st.integers(-10, 10**6), st.integers(min_value=-(2**70), max_value=2**70),
+                   st.floats(allow_nan=True, allow_infinity=True), st.text(max_size=8), st.none(), st.booleans(),
+                   st.sampled_from(["4", "0.5", "1e3", "nan", "-inf", " 8 ", "0x10", "", "\u0664"]))
+TEXT = st.one_of(st.text(max_size=200), st.sampled_from(["", "   \n\t", "\x00\x1b[31m\u202e", "\ud800 lone", "hi 🧪 漢字",
+                                                         "a\u0301" * 40, "\ufeff\u200b\u200d"]))
+
+
+@given(prompt=TEXT, gamma=NUMBER, mnt=NUMBER, temperature=NUMBER, top_p=NUMBER, seed=NUMBER,
+       policy=st.one_of(st.sampled_from(["metasd-ucb", "hedge", "single:prompt-lookup", "single:nope", "nope", ""]),
+                        st.text(max_size=12)),
+       reward=st.one_of(st.sampled_from(["bd", "be", "throughput"]), st.text(max_size=6)),
+       drafters=st.one_of(st.none(), st.just([]), st.lists(st.sampled_from(["prompt-lookup", "token-recycling", "x"]),
+                                                            max_size=3)))
+@settings(max_examples=250, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+def test_generate_handler_refuses_clearly_or_runs_in_range(app, prompt, gamma, mnt, temperature, top_p, seed, policy,
+                                                           reward, drafters):
+    with engine_stub() as seen:
+        try:
+            consume(app.generate_view(prompt, "offline", drafters, policy, reward, gamma, mnt, temperature, top_p, seed,
+                                      request=request("hyp")))
+        except gr.Error as e:
+            assert _named(str(e.message)), e.message
+            assert not seen
+            return
+    # Accepted: what reached the engine is clean text and settings inside the limits.
+    assert len(seen) == 1
+    text, ids, s = seen[0]
+    assert text.strip() and len(text) <= 32_000
+    text.encode("utf-8")
+    assert all(ch in "\n\t" or unicodedata.category(ch) not in ("Cc", "Cf", "Cs", "Co") for ch in text)
+    assert 1 <= s.gamma <= 16 and 1 <= s.max_new_tokens <= app.MAX_NEW_TOKENS
+    assert 0 <= s.temperature <= 2 and math.isfinite(s.temperature) and 0.01 <= s.top_p <= 1 and 0 <= s.seed < 2**32
+    assert len(ids) + s.max_new_tokens + s.gamma < app.get_bundle("offline").max_context
+    assert not app._stops
+
+
+@given(prompt=TEXT, mnt=NUMBER, policy=st.sampled_from(["metasd-ucb", "nope", "single:layer-skip", ""]))
+@settings(max_examples=120, deadline=None)
+def test_compare_handler_validates_before_running(app, prompt, mnt, policy):
+    ran: list = []
+    with mock.patch.object(app, "_method_runs", recorder(ran)):
+        try:
+            app.compare_prompt(prompt, "offline", policy, mnt, progress=lambda *a, **k: None)
+        except gr.Error as e:
+            assert _named(str(e.message)) and not ran, e.message
+            return
+        except Ran:
+            pass
+    ((bundle, text, methods, n, *_), _), = ran
+    assert text.strip() and 1 <= n <= app.COMPARE_MAX_NEW_TOKENS and policy in methods
+
+
+ROW = st.fixed_dictionaries({"drafter": st.one_of(st.text(max_size=20), st.none(), st.integers(), st.floats()),
+                             "acceptance": NUMBER, "cost": NUMBER})
+
+
+@given(rows=st.lists(ROW, max_size=10), policies=st.lists(st.sampled_from(["metasd-ucb", "exp3", "hedge", "nope", ""]),
+                                                           max_size=4),
+       gamma=NUMBER, rounds=NUMBER, reward=st.sampled_from(["bd", "be", "throughput", "x"]), spread=NUMBER, seed=NUMBER)
+@settings(max_examples=250, deadline=None)
+def test_playground_handler_bounds_the_simulation(app, rows, policies, gamma, rounds, reward, spread, seed):
+    import pandas as pd
+
+    calls: list = []
+    with mock.patch.object(app, "compare", recorder(calls)):
+        try:
+            app.run_playground(pd.DataFrame(rows, columns=["drafter", "acceptance", "cost"]), policies, gamma, rounds,
+                               reward, False, spread, seed)
+        except gr.Error as e:
+            assert "Playground settings" in e.message and not calls, e.message
+            return
+        except Ran:
+            pass
+    ((pols, drafters), k), = calls
+    assert 1 <= len(drafters) <= 8 and all(0 <= d.acceptance <= 1 and 0 <= d.cost <= 100 for d in drafters)
+    assert 1 <= k["gamma"] <= 16 and 1 <= k["rounds"] <= 20_000 and 0.5 <= k["spread"] <= 50
+    assert set(pols) <= {"metasd-ucb", "exp3", "hedge"}
+
+
+@given(lines=st.lists(st.one_of(st.text(max_size=40), st.just('{"turns": ["hi"], "category": "qa"}'),
+                                st.just('{"turns": []}'), st.just("[1, 2]"), st.just('{"turns": ["\\u0000"]}')),
+                      max_size=6),
+       raw=st.binary(max_size=40))
+@settings(max_examples=200, deadline=None)
+def test_uploaded_prompt_sets_are_checked(app, tmp_path_factory, lines, raw):
+    path = tmp_path_factory.mktemp("up") / "set.jsonl"
+    path.write_bytes("\n".join(lines).encode("utf-8", "surrogatepass") + raw)
+    ran: list = []
+    with mock.patch.object(app, "_method_runs", recorder(ran)):
+        try:
+            app.compare_set("upload", str(path), 10, "offline", "metasd-ucb", 8, progress=lambda *a, **k: None)
+        except gr.Error as e:
+            msg = str(e.message)
+            assert "prompt file" in msg and "Traceback" not in msg, msg
+            return
+        except Ran:
+            pass
+    ((_, prompt, *_), _), = ran
+    assert prompt.strip() and all(ch in "\n\t" or unicodedata.category(ch)[0] != "C" for ch in prompt)
+
+
+def test_prompt_file_messages_name_the_problem():
+    good = '{"question_id": 1, "category": "qa", "turns": ["What is 2+2?"]}'
+    assert parse_prompt_set(good)[0] == {"question_id": "1", "category": "qa", "prompt": "What is 2+2?"}
+    for data, needle in [(good + "\n{oops", "line 2 of the prompt file is not JSON"),
+                         ('{"turns": "x"}', "line 1 of the prompt file needs"),
+                         ('{"turns": ["   "]}', "line 1 of the prompt file: the prompt is empty"),
+                         (b"\xff\xfe\x00", "not UTF-8"),
+                         ("\n\n", "no prompts"),
+                         (good + "\n" + " " * 1_000_001, "bytes; the limit is 1,000,000"),
+                         ("\n" * 6000 + good, "lines; the limit is 5,000"),
+                         ("[" * 100_000, "line 1 of the prompt file is not JSON")]:
+        with pytest.raises(InvalidInput, match=needle):
+            parse_prompt_set(data)
+
+
+def test_oversized_upload_is_refused_before_reading(app, tmp_path):
+    path = tmp_path / "big.jsonl"
+    path.write_bytes(b"x" * (app.PROMPT_SET_MAX_BYTES + 1))
+    with pytest.raises(gr.Error, match="limit is 1,000,000"):
+        app.compare_set("upload", str(path), 1, "offline", "metasd-ucb", 8, progress=lambda *a, **k: None)
+    with pytest.raises(gr.Error, match="Upload a JSONL"):
+        app.compare_set("upload", None, 1, "offline", "metasd-ucb", 8, progress=lambda *a, **k: None)
+    with pytest.raises(gr.Error, match="unknown prompt source"):
+        app.compare_set("/etc/passwd", None, 1, "offline", "metasd-ucb", 8, progress=lambda *a, **k: None)
+
+
+def test_prompt_longer_than_the_context_is_refused_with_the_limit(app):
+    with pytest.raises(gr.Error, match=r"the model's context is 8,192"):
+        consume(app.generate_view("🧪\u20e0" * 9000, "offline", max_new_tokens=16))
+    assert not app._stops
+
+
+def test_library_limits_match_the_page(app):
+    # The app never asks the engine for more than its own cap, whatever the library allows.
+    validate_settings(["a"], max_new_tokens=4096)
+    with pytest.raises(gr.Error, match=f"max_new_tokens must be between 1 and {app.MAX_NEW_TOKENS}, got"):
+        consume(app.generate_view(PROMPT, "offline", max_new_tokens=app.MAX_NEW_TOKENS + 1))
+
+
+# ----------------------------------------------------------------------------------------------
+# Stops
+
+
+def test_stop_ends_the_worker_within_a_round_and_frees_its_caches(app):
+    assert live_caches() == 0
+    ticks: list[float] = []
+    done = threading.Event()
+    ended: list[float] = []
+
+    def worker():
+        try:
+            for _ in app.generate_view(PROMPT, "offline", max_new_tokens=400, request=request("stop-me")):
+                ticks.append(time.perf_counter())
+        finally:
+            ended.append(time.perf_counter())
+            done.set()
+
+    th = threading.Thread(target=worker, daemon=True)
+    th.start()
+    t_wait = time.perf_counter()
+    while len(ticks) < 3 and time.perf_counter() - t_wait < 60:
+        time.sleep(0.01)
+    assert len(ticks) >= 3, "the generation did not start"
+    t_stop = time.perf_counter()
+    app.stop_generation(request("someone-else"))  # another session's Stop touches nothing
+    time.sleep(0.3)
+    assert not done.is_set()
+    t_stop = time.perf_counter()
+    app.stop_generation(request("stop-me"))
+    assert done.wait(10), "the worker kept running after Stop"
+    th.join(5)
+    elapsed = ended[0] - t_stop
+    rounds = [b - a for a, b in zip(ticks, ticks[1:], strict=False)]
+    print(f"\n[stop] Stop -> worker ended: {elapsed * 1000:.0f} ms (one round took {1000 * max(rounds):.0f} ms at most, "
+          f"{len(ticks)} updates before the end)")
+    assert elapsed < 2.0
+    assert not app._stops and live_caches() == 0
+
+
+def test_closed_tab_unload_stops_the_sessions_runs(app):
+    """demo.unload calls stop_generation with the closed session: every run of that session ends."""
+    gens = [app.generate_view(PROMPT, "offline", max_new_tokens=400, request=request("tab")) for _ in range(2)]
+    for g in gens:
+        next(g)
+    assert len(app._stops["tab"]) == 2
+    t0 = time.perf_counter()
+    app.stop_generation(request("tab"))
+    for g in gens:
+        rest = consume(g)
+        assert len(rest) <= 2  # at most the round in flight, then the summary
+    print(f"\n[unload] both runs of the closed session ended {1000 * (time.perf_counter() - t0):.0f} ms after unload")
+    assert not app._stops and live_caches() == 0
+
+
+# ----------------------------------------------------------------------------------------------
+# Faults
+
+
+def _final_text(outputs) -> str:
+    return "".join("".join(ev.emitted_text) for ev in outputs[-1][-1]["rounds"])
+
+
+@pytest.mark.parametrize("fault", [torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 20.00 GiB"),
+                                   RuntimeError("device-side assert triggered")])
+def test_a_fault_mid_generation_is_reported_and_the_next_request_is_clean(app, fault):
+    reference = _final_text(consume(app.generate_view(PROMPT, "offline", max_new_tokens=12)))
+    real_verify = engine.verify
+    calls = {"n": 0}
+
+    def failing(*a, **k):
+        calls["n"] += 1
+        if calls["n"] == 3:
+            raise fault
+        return real_verify(*a, **k)
+
+    seen = []
+    with mock.patch.object(engine, "verify", failing), pytest.raises(gr.Error) as err:
+        for out in app.generate_view(PROMPT, "offline", max_new_tokens=12, request=request("faulty")):
+            seen.append(out)
+    assert len(seen) == 2, "the user saw the rounds before the fault"
+    msg = str(err.value.message)
+    if isinstance(fault, torch.OutOfMemoryError):
+        assert "Out of memory" in msg
+    else:
+        assert "Generation failed (RuntimeError)" in msg
+    assert "Traceback" not in msg and "20.00 GiB" not in msg and "device-side" not in msg
+    assert not app._stops and live_caches() == 0
+    # The shared model is untouched: the next request gives the same output as before the fault.
+    assert _final_text(consume(app.generate_view(PROMPT, "offline", max_new_tokens=12))) == reference
+
+
+def test_a_fault_in_the_baseline_measurement_is_a_message(app):
+    outs = consume(app.generate_view(PROMPT, "offline", max_new_tokens=4))
+    record = outs[-1][-1]
+
+    def boom(*a, **k):
+        raise torch.OutOfMemoryError("CUDA out of memory")
+
+    with mock.patch.object(app, "target_greedy", boom), pytest.raises(gr.Error, match="Out of memory"):
+        app.measure_baseline(record, {}, True, True)
+    stats, baselines = app.measure_baseline(record, {}, True, True)
+    assert len(baselines) == 1 and "identical" in next(iter(baselines.values()))["note"]
+
+
+# ----------------------------------------------------------------------------------------------
+# Memory over many runs
+
+
+def test_memory_is_bounded_over_many_runs(app):
+    n_warm, n_total = 20, int(os.environ.get("METASD_MEMORY_RUNS", "150"))
+    prompts = [f"Say hello to student number {i} in one short sentence." for i in range(7)]
+
+    def one(i: int) -> None:
+        outs = consume(app.generate_view(prompts[i % len(prompts)], "offline", max_new_tokens=4,
+                                         request=request(f"mem-{i % 5}")))
+        app.write_logs(outs[-1][-1])  # the download files too: the temp dir must stay bounded
+
+    t0 = time.perf_counter()
+    for i in range(n_warm):
+        one(i)
+    before = settle()
+    with mock.patch.object(app, "TMP_MAX_FILES", 40):
+        for i in range(n_warm, n_total):
+            one(i)
+    after = settle()
+    secs = time.perf_counter() - t0
+    files = len(list(app.TMP.iterdir()))
+    print(f"\n[memory] RSS after {n_warm} runs: {before:.1f} MB; after {n_total} runs: {after:.1f} MB "
+          f"(+{after - before:.1f} MB); {files} temp files; {secs:.0f} s")
+    assert after - before < 40, "memory grows with the number of requests"
+    assert live_caches() == 0 and not app._stops
+    assert files <= 42

@@ -1,0 +1,165 @@
+"""Security of the served app: only preset models, safetensors only, no remote code, no share link,
+files served only from the app's own temp dir, bounded uploads and inputs."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import stat
+from pathlib import Path
+from unittest import mock
+from urllib.parse import quote
+
+import httpx
+import pytest
+
+from tests.app_server import app_url  # noqa: F401  (fixture)
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def get_file(base: str, path: str) -> httpx.Response:
+    return httpx.get(f"{base}gradio_api/file={path}", timeout=30, follow_redirects=False)
+
+
+@pytest.mark.offline_model
+@pytest.mark.timeout(180)
+def test_files_are_served_only_from_the_apps_temp_dir(app_url):  # noqa: F811
+    import app
+    from metasd.models import offline_target_dir
+
+    own = app.TMP / "metasd-run-0123456789abcdef0123456789abcdef.csv"
+    own.write_text("round,drafter\n1,prompt-lookup\n")
+    assert get_file(app_url, str(own)).status_code == 200, "the app's own run logs are downloadable"
+
+    model_file = offline_target_dir(progress=lambda m: None) / "model.safetensors"
+    refused = ["/etc/passwd", "/etc/shadow", "/proc/self/environ", str(ROOT / "app.py"), str(ROOT / "metasd" / "models.py"),
+               str(model_file), f"{app.TMP}/../../etc/passwd", f"{app.TMP}/%2e%2e/%2e%2e/etc/passwd",
+               quote("/etc/passwd", safe=""), "../../../../etc/passwd", "app.py", "~/.bashrc", "file:///etc/passwd",
+               "http://127.0.0.1:1/secret", "http://169.254.169.254/latest/meta-data/"]
+    for path in refused:
+        r = get_file(app_url, path)
+        assert r.status_code in (400, 403, 404), (path, r.status_code)
+        assert "root:" not in r.text and "safetensors" not in r.headers.get("content-type", "")
+    assert len(refused) >= 15
+
+
+@pytest.mark.offline_model
+@pytest.mark.timeout(180)
+def test_an_api_call_cannot_name_a_server_file_as_its_upload(app_url):  # noqa: F811
+    """A client may send a FileData pointing anywhere: gradio accepts only files uploaded to it."""
+    payload = {"data": ["upload", {"path": "/etc/passwd", "meta": {"_type": "gradio.FileData"}}, 1, "offline",
+                        "metasd-ucb", 8]}
+    r = httpx.post(f"{app_url}gradio_api/call/compare_set", json=payload, timeout=30)
+    assert r.status_code == 200
+    event_id = r.json()["event_id"]
+    with httpx.stream("GET", f"{app_url}gradio_api/call/compare_set/{event_id}", timeout=120) as s:
+        body = "".join(s.iter_text())
+    assert "event: error" in body and "root:" not in body, body[:500]
+
+
+@pytest.mark.offline_model
+@pytest.mark.timeout(180)
+def test_uploads_are_size_limited(app_url, tmp_path):  # noqa: F811
+    from gradio_client import Client, handle_file
+
+    import app
+
+    big = tmp_path / "big.jsonl"
+    line = json.dumps({"question_id": 1, "category": "qa", "turns": ["x" * 1000]}) + "\n"
+    big.write_text(line * (app.PROMPT_SET_MAX_BYTES // len(line) + 10))
+    client = Client(app_url, verbose=False)
+    with pytest.raises(Exception) as err:
+        client.predict("upload", handle_file(str(big)), 1, "offline", "metasd-ucb", 8, api_name="/compare_set")
+    assert "Traceback" not in str(err.value)
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"question_id": 1, "category": "qa", "turns": ["hi"]}\nnot json at all\n')
+    with pytest.raises(Exception) as err:
+        client.predict("upload", handle_file(str(bad)), 1, "offline", "metasd-ucb", 8, api_name="/compare_set")
+    assert "line 2 of the prompt file is not JSON" in str(err.value)
+
+
+@pytest.mark.offline_model
+@pytest.mark.timeout(180)
+def test_the_api_cannot_load_a_model_by_name_or_path(app_url):  # noqa: F811
+    from gradio_client import Client
+
+    import app
+
+    client = Client(app_url, verbose=False)
+    with mock.patch.object(app, "load_bundle", side_effect=AssertionError("a model load was attempted")):
+        for name in ("gpt2", "Qwen/Qwen2.5-7B-Instruct", "/work/main", "../../etc/passwd", "https://example.com/m"):
+            for api, args in (("/generate", ("hi",)), ("/compare", ("hi", name, "metasd-ucb", 8))):
+                kwargs = {"preset": name} if api == "/generate" else {}
+                with pytest.raises(Exception) as err:
+                    client.predict(*args, api_name=api, **kwargs)
+                assert "attempted" not in str(err.value) and "Traceback" not in str(err.value)
+    named = set(client.view_api(print_info=False, return_format="dict")["named_endpoints"])
+    assert named == {"/generate", "/compare", "/compare_set", "/playground"}, named
+
+
+def test_models_load_from_safetensors_without_remote_code():
+    import torch
+
+    from metasd import models
+
+    with mock.patch.object(models.AutoModelForCausalLM, "from_pretrained") as fp:
+        models.load_causal_lm("some/preset-model", torch.device("cpu"), torch.float32)
+    kwargs = fp.call_args.kwargs
+    assert kwargs["use_safetensors"] is True and kwargs["trust_remote_code"] is False
+    sources = [ROOT / "app.py", *sorted((ROOT / "metasd").glob("*.py"))]
+    for src in sources:
+        text = src.read_text(encoding="utf-8")
+        assert not re.search(r"trust_remote_code\s*=\s*True", text), src
+        assert not re.search(r"pickle\.loads?\(|use_safetensors\s*=\s*False", text), src
+        # torch.load only as weights_only (metasd.train reads its own tensor cache that way; the app never does)
+        assert all("weights_only=True" in line for line in text.splitlines() if "torch.load(" in line), src
+
+
+def test_launch_binds_locally_without_a_share_link_and_bounds_the_queue(monkeypatch):
+    import gradio as gr
+
+    import app
+
+    for var in ("GRADIO_SERVER_NAME", "GRADIO_SERVER_PORT", "PORT", "SPACE_ID"):
+        monkeypatch.delenv(var, raising=False)
+    demo = gr.Blocks()
+    with mock.patch.object(gr.Blocks, "launch") as launch:
+        app.launch(demo)
+    kw = launch.call_args.kwargs
+    assert kw["server_name"] == "127.0.0.1" and kw["share"] is False
+    assert kw["allowed_paths"] == [str(app.TMP)]
+    assert str(ROOT) in kw["blocked_paths"]
+    assert kw["max_file_size"] == app.PROMPT_SET_MAX_BYTES
+    assert demo._queue.max_size == app.QUEUE_SIZE
+    with mock.patch.object(gr.Blocks, "launch") as launch:
+        app.launch(demo, share=True)  # only when asked
+    assert launch.call_args.kwargs["share"] is True
+
+
+def test_temp_files_are_private_and_unguessable():
+    import app
+
+    assert stat.S_IMODE(os.stat(app.TMP).st_mode) == 0o700
+    from metasd.events import RoundEvent
+
+    ev = RoundEvent(round=1, drafter="prompt-lookup", draft=(1,), accepted=1, emitted=(1, 2), target_token=2, bonus=True,
+                    p_draft=(0.9,), q_draft=(1.0,), accept_prob=(0.9,), reward=0.9, rewards={"prompt-lookup": 0.9},
+                    probabilities={"prompt-lookup": 1.0}, regret=0.0, regret_measured=False, draft_ms=1.0, verify_ms=1.0,
+                    overhead_ms=0.1, new_tokens=2, emitted_text=("a", "b"), draft_text=("a",))
+    record = {"prompt": "my private prompt", "rounds": [ev], "summary": None, "preset": "offline", "settings": {}}
+    csv, js = app.write_logs(record)
+    for upd in (csv, js):
+        path = Path(upd["value"])
+        assert path.parent == app.TMP and re.fullmatch(r"metasd-run-[0-9a-f]{32}\.(csv|json)", path.name)
+        path.unlink()
+
+
+def test_input_limits_protect_the_host():
+    import app
+    from metasd.validation import LIMITS, MAX_PROMPT_CHARS
+
+    assert app.MAX_NEW_TOKENS <= LIMITS["max_new_tokens"][1] and app.COMPARE_MAX_NEW_TOKENS <= app.MAX_NEW_TOKENS
+    assert MAX_PROMPT_CHARS <= 32_000 and app.QUEUE_SIZE <= 64 and app.COMPARE_MAX_PROMPTS <= 40
+    assert LIMITS["rounds"][1] * LIMITS["gamma"][1] * 8 <= 3_000_000  # the playground's arrays stay small
