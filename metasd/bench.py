@@ -142,11 +142,18 @@ class Prompt:
     text: str
 
 
+# Spec-Bench reports its MT-Bench part (eight sub-categories of ten prompts) as one task,
+# "multi-turn conversation"; --spec-bench-tasks groups them so the file reads as its six tasks.
+MT_BENCH = ("writing", "roleplay", "reasoning", "math", "coding", "extraction", "stem", "humanities")
+
+
 def load_prompts(path: str | Path, categories: str | Sequence[str] | None = None,
-                 per_category: int | None = None) -> list[Prompt]:
+                 per_category: int | None = None, spec_bench_tasks: bool = False) -> list[Prompt]:
     """Spec-Bench's format: one JSON object per line with question_id, category and turns.
 
     The first turn is the prompt. Keeps the file's order; `per_category` takes the first N of each.
+    With `spec_bench_tasks`, MT-Bench's sub-categories become one category "mt_bench", whose
+    first N prompts are taken one from each sub-category in turn.
     """
     p = Path(path)
     if not p.is_file():
@@ -163,6 +170,13 @@ def load_prompts(path: str | Path, categories: str | Sequence[str] | None = None
                 rows.append(Prompt(obj["question_id"], str(obj.get("category", "all")), text))
             except (ValueError, KeyError, IndexError, TypeError) as e:
                 raise InvalidInput(f"{p}:{lineno}: not a Spec-Bench question ({type(e).__name__}: {e})") from None
+    if spec_bench_tasks:
+        mt = [r for r in rows if r.category in MT_BENCH]
+        by_sub = {c: [r for r in mt if r.category == c] for c in MT_BENCH}
+        mixed = [r for i in range(max(map(len, by_sub.values()), default=0))
+                 for c in MT_BENCH if i < len(by_sub[c]) for r in [by_sub[c][i]]]
+        rest = [r for r in rows if r.category not in MT_BENCH]
+        rows = [Prompt(r.question_id, "mt_bench", r.text) for r in mixed] + rest
     present = list(dict.fromkeys(r.category for r in rows))
     if categories:
         wanted = [c.strip() for c in categories.split(",")] if isinstance(categories, str) else list(categories)
@@ -649,6 +663,8 @@ def add_bench_args(sub: argparse._SubParsersAction) -> None:
     b.add_argument("--no-warmup", action="store_true", help="skip the unmeasured warm-up run of each method")
     b.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
     b.add_argument("--quiet", action="store_true", help="no progress bar")
+    b.add_argument("--spec-bench-tasks", action="store_true",
+                   help="group MT-Bench's eight sub-categories into one, mt_bench: Spec-Bench's six tasks")
     b.set_defaults(func=cmd_bench)
 
 
@@ -663,7 +679,7 @@ def cmd_bench(a: argparse.Namespace) -> int:
         raise InvalidInput(f"per-category must be 0 (all) or more, got {a.per_category}")
     if a.preset not in PRESETS:
         raise InvalidInput(f"unknown preset {a.preset!r}; choose one of {', '.join(PRESETS)}")
-    prompts = load_prompts(a.prompts, a.categories, a.per_category or None)
+    prompts = load_prompts(a.prompts, a.categories, a.per_category or None, a.spec_bench_tasks)
     # Fail fast on the preset's declared drafters (model-free kinds aside, every drafter is a model);
     # the loaded bundle decides in the end (a preset may leave out a drafter whose weights are missing).
     preset = PRESETS[a.preset]

@@ -6,6 +6,7 @@ object holds one request's state only (caches, tables); model weights are shared
 
 from __future__ import annotations
 
+import copy
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
 
@@ -37,6 +38,8 @@ class Drafter(ABC):
 
     name: str
     deterministic: bool = True  # q is one-hot of the draft (no distribution to compare)
+    model_free: bool = False  # scoring it on a verified chunk costs microseconds, not a forward pass
+    shared_layers: int = 0  # leading decoder layers that are the target's own (model drafters: see adopt)
 
     def __init__(self, name: str) -> None:
         self.name = name
@@ -93,6 +96,8 @@ class PromptLookup(Drafter):
     Strong where the answer repeats its input: summarization, RAG, extraction, code editing.
     """
 
+    model_free = True
+
     def __init__(self, name: str = "prompt-lookup", max_ngram: int = 3, min_ngram: int = 1) -> None:
         super().__init__(name)
         self.max_ngram, self.min_ngram = max_ngram, min_ngram
@@ -121,25 +126,36 @@ class TokenRecycling(Drafter):
     candidates that the target once considered are recycled later (Luo et al. 2024, as a chain).
     """
 
-    def __init__(self, name: str = "token-recycling", vocab_size: int = 0, top_k: int = 1) -> None:
+    model_free = True
+
+    def __init__(self, name: str = "token-recycling", vocab_size: int = 0, min_confidence: float = 0.2) -> None:
         super().__init__(name)
-        self.vocab_size, self.top_k = vocab_size, top_k
+        self.vocab_size = vocab_size
+        # Stop the chain once the product of the target's recorded probabilities falls below
+        # this: on a CPU each extra verified id costs ~15% of a step, so a long unlikely tail
+        # costs more than it can win.
+        self.min_confidence = min_confidence
         self.table = np.full(vocab_size, -1, dtype=np.int64)
+        self.conf = np.zeros(vocab_size, dtype=np.float32)
 
     def reset(self, prompt_ids: list[int]) -> None:
         self.table.fill(-1)
+        self.conf.fill(0.0)
 
     def learn(self, inputs: list[int], logits: torch.Tensor) -> None:
         """Row j of `logits` is the target's prediction after token inputs[j]."""
-        best = logits.argmax(-1).cpu().numpy()
-        self.table[np.asarray(inputs, dtype=np.int64)] = best
+        top = torch.softmax(logits.float(), -1).max(-1)
+        idx = np.asarray(inputs, dtype=np.int64)
+        self.table[idx] = top.indices.cpu().numpy()
+        self.conf[idx] = top.values.cpu().numpy()
 
     def propose(self, ids, k, s, generator):
         out: list[int] = []
-        t = ids[-1]
+        t, run = ids[-1], 1.0
         for _ in range(k):
+            run *= float(self.conf[t])
             t = int(self.table[t])
-            if t < 0:
+            if t < 0 or run < self.min_confidence:
                 break
             out.append(t)
         return Draft(out, None)
@@ -191,9 +207,13 @@ class ModelDrafter(Drafter):
 
     deterministic = False
 
-    def __init__(self, name: str, model: PreTrainedModel, target_vocab: int, tokenizer_vocab: int) -> None:
+    def __init__(self, name: str, model: PreTrainedModel, target_vocab: int, tokenizer_vocab: int,
+                 min_confidence: float = 0.3) -> None:
         super().__init__(name)
         self.model = model
+        # Stop drafting when the drafter's own top probability falls below this (after the
+        # first token): unlikely tokens are rarely accepted and each costs a drafter step.
+        self.min_confidence = min_confidence
         self.target_vocab, self.tokenizer_vocab = target_vocab, tokenizer_vocab
         self.device = next(model.parameters()).device
         self.model_vocab = model.get_input_embeddings().weight.shape[0]
@@ -202,6 +222,20 @@ class ModelDrafter(Drafter):
     def reset(self, prompt_ids: list[int]) -> None:
         self.cache = DynamicCache(config=self.model.config)
         self.cached: list[int] = []  # the token ids whose keys/values are in self.cache
+
+    def adopt(self, target_cache: DynamicCache, ids: list[int]) -> None:
+        """Take over the target's keys and values for the layers this drafter shares with it.
+
+        A self-drafter running the target's first L layers computes exactly the target's keys
+        and values in those layers, so it never needs to catch up: its cache starts as shallow
+        copies of the target's layer objects (DynamicCache appends by building new tensors and
+        crops by slicing, so neither cache ever writes into the other's tensors).
+        """
+        cache = DynamicCache(config=self.model.config)
+        for i in range(self.shared_layers):
+            cache.layers[i] = copy.copy(target_cache.layers[i])
+        self.cache = cache
+        self.cached = list(ids[: target_cache.get_seq_length()])
 
     def _forward(self, tokens: list[int] | torch.Tensor, logits_to_keep: int = 1) -> torch.Tensor:
         """Feed tokens after the cached ones; the caller records them in self.cached."""
@@ -242,13 +276,19 @@ class ModelDrafter(Drafter):
         tokens, qs = [], []
         for i in range(k):
             x, q = sample_or_argmax(logits, s, generator)
+            if i > 0 and self.min_confidence > 0:
+                top = q.max() if q is not None else torch.softmax(logits.float(), -1).max()
+                if float(top) < self.min_confidence:
+                    break
             tokens.append(x)
             if q is not None:
                 qs.append(q)
             if i < k - 1:  # the last drafted token is never fed: nothing needs its logits
                 logits = self._forward(x.view(1))[-1]
-        toks = torch.stack(tokens).tolist()  # one host sync for the whole draft
-        self.cached.extend(toks[: k - 1])
+                self.cached.append(-1)  # filled in below, after one host sync for the whole draft
+        toks = torch.stack(tokens).tolist()
+        fed = len(toks) if len(toks) < k else k - 1
+        self.cached[len(self.cached) - fed :] = toks[:fed]
         return Draft(toks, torch.stack(qs) if qs else None)
 
     @torch.inference_mode()
@@ -258,14 +298,22 @@ class ModelDrafter(Drafter):
         return logits.argmax(-1) if s.greedy else warp(logits, s)
 
 
+class LayerSkipDrafter(ModelDrafter):
+    """A self-drafter: the target's first layers (and its norm and head), sharing its cache."""
+
+    def __init__(self, name: str, view: PreTrainedModel, keep: list[int], target_vocab: int, tokenizer_vocab: int) -> None:
+        super().__init__(name, view, target_vocab, tokenizer_vocab)
+        # Only a contiguous block from layer 0 sees exactly the target's hidden states.
+        contiguous = sorted(keep) == list(range(len(keep)))
+        self.shared_layers = len(keep) if contiguous else 0
+
+
 def layer_skip_view(model: PreTrainedModel, keep: list[int]) -> PreTrainedModel:
     """A self-drafter: the target itself running only the decoder layers in `keep`.
 
     Shares every weight with the target (no extra memory). Each kept layer still indexes the
     drafter's own cache by its original layer number, which DynamicCache allows.
     """
-    import copy
-
     if 0 not in keep:
         raise ValueError("a layer-skip drafter must keep layer 0 (its cache length is read there)")
     # Shallow copies share the module dicts, so give each copy its own before swapping children:

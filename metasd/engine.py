@@ -104,20 +104,21 @@ class VerifyCost:
         return min(seen)[1] if seen else 1.0
 
 
-def _reward(kind: str, g: list[float], gamma: int, drafted_ms: float, fed: int, cost: VerifyCost) -> float:
+def _reward(kind: str, g: list[float], k: int, gamma: int, drafted_ms: float, fed: int, cost: VerifyCost) -> float:
     """The arm's reward in [0, 1] from per-position acceptance probabilities g (DESIGN.md formula 5).
 
-    bd: block divergence, mean of 1 - TV(p_j, q_j) over the gamma positions.
-    be: block efficiency, expected accepted / gamma.
+    k is the draft length asked for this round (gamma, or less where the length adapts).
+    bd: block divergence, mean of 1 - TV(p_j, q_j) over the k positions (0 where nothing was drafted).
+    be: block efficiency, expected accepted / k.
     throughput: expected tokens per second of the round, relative to the best a round can do
     (gamma + 1 tokens from a free drafter); so a cheap drafter that accepts a little less can
     beat a costly one, and a drafter that proposes nothing is charged one plain step.
     """
     if kind == "bd":
-        return sum(g) / gamma
+        return sum(g) / max(k, 1)
     e = _expected_accepted(g)
     if kind == "be":
-        return e / gamma
+        return e / max(k, 1)
     best = (gamma + 1) / cost(gamma + 1)
     return min(1.0, (1 + e) / (drafted_ms + cost(fed)) / best)
 
@@ -143,12 +144,16 @@ def generate(bundle: Bundle, prompt: str | list[int], *, drafters: Any = None, p
              reward: str = "bd", gamma: int | None = None, max_new_tokens: int = 128,
              temperature: float = 0.0, top_p: float = 1.0, top_k: int = 0, seed: int = 0,
              chat_template: bool = True, full_info: bool = False, stop: StopSignal = None,
-             max_new_tokens_limit: int | None = None, inspect: Inspect | None = None) -> Iterator[Event]:
+             max_new_tokens_limit: int | None = None, inspect: Inspect | None = None,
+             free_feedback: bool = True, adaptive: bool = True) -> Iterator[Event]:
     """Speculative generation with a bandit over drafters. Yields RoundEvents, then a Summary.
 
     Raises InvalidInput (before yielding anything) for bad prompts or settings. `stop` ends the
     generation at the next round boundary. `inspect(cache, ids, drafters)` is called after every
     round with the live state (tests use it to check the KV caches against a fresh prefill).
+    `free_feedback` scores the model-free drafters on every verified chunk even when they were not
+    pulled (it costs microseconds). `adaptive` lets each drafter's draft length move between 1 and
+    gamma with its recent acceptance. Neither changes the output, only how fast it comes.
     """
     st = validate_settings(bundle.drafter_names, drafters, policy, reward,
                            bundle.preset.gamma if gamma is None else gamma, max_new_tokens,
@@ -165,12 +170,12 @@ def generate(bundle: Bundle, prompt: str | list[int], *, drafters: Any = None, p
             f"gamma={st.gamma} it must be at most {bundle.max_context - st.max_new_tokens - st.gamma - 1:,} "
             f"tokens (the model's context is {bundle.max_context:,})"
         )
-    return _rounds(bundle, text_prompt, prompt_ids, st, stop, inspect)
+    return _rounds(bundle, text_prompt, prompt_ids, st, stop, inspect, bool(free_feedback), bool(adaptive))
 
 
 @torch.inference_mode()
 def _rounds(bundle: Bundle, prompt: str, prompt_ids: list[int], st: Settings, stop: StopSignal,
-            inspect: Inspect | None) -> Iterator[Event]:
+            inspect: Inspect | None, free_feedback: bool, adaptive: bool) -> Iterator[Event]:
     t_start = time.perf_counter()
     dev = bundle.device
     s = Sampling(st.temperature, st.top_p, st.top_k)
@@ -207,6 +212,9 @@ def _rounds(bundle: Bundle, prompt: str, prompt_ids: list[int], st: Settings, st
     stop_reason = "max_new_tokens"
     generated: list[int] = []
     rnd = 0
+    # Per-arm draft length: one more after a fully accepted draft, accepted + 1 after a rejection
+    # (on a CPU every extra verified id costs ~15% of a step, so long doomed drafts are expensive).
+    caps = [st.gamma] * len(arms)
     while new_tokens < st.max_new_tokens:
         if _stopped(stop):
             stop_reason = "stopped"
@@ -217,8 +225,10 @@ def _rounds(bundle: Bundle, prompt: str, prompt_ids: list[int], st: Settings, st
         arm = pol.choose()
         drafter = arms[arm]
         # Never draft past the budget: a round emits accepted + 1 tokens.
-        k = min(st.gamma, st.max_new_tokens - new_tokens - 1)
+        k = min(caps[arm] if adaptive else st.gamma, st.max_new_tokens - new_tokens - 1)
         t1 = time.perf_counter()
+        if drafter.shared_layers and k > 0:
+            drafter.adopt(cache, ids)
         draft = drafter.propose(ids, k, s, g_draft) if k > 0 else None
         tokens = draft.tokens[:k] if draft else []
         q = draft.q[: len(tokens)] if draft is not None and draft.q is not None else None
@@ -249,23 +259,39 @@ def _rounds(bundle: Bundle, prompt: str, prompt_ids: list[int], st: Settings, st
         drafter.record_time(t2 - t1, len(tokens))
         verify_cost.add(len(inputs), v_ms)
 
-        def reward_of(g: list[float], drafted_ms: float, fed: int) -> float:
-            return _reward(st.reward, g, st.gamma, drafted_ms, fed, verify_cost)
+        if len(tokens) == k and v.accepted == k:
+            caps[arm] = min(st.gamma, caps[arm] + 1)
+        elif v.accepted < len(tokens):
+            caps[arm] = max(1, v.accepted + 1)
+
+        def reward_of(g: list[float], kk: int, drafted_ms: float, fed: int) -> float:
+            return _reward(st.reward, g, kk, st.gamma, drafted_ms, fed, verify_cost)
 
         # Block efficiency is the realised accepted share; the others use the per-position betas.
-        own = v.accepted / st.gamma if st.reward == "be" else reward_of(v.beta, d_ms, len(inputs))
+        own = v.accepted / max(k, 1) if st.reward == "be" else reward_of(v.beta, k, d_ms, len(inputs))
         t4 = time.perf_counter()
         rewards: list[float | None] = [None] * len(arms)
         feedback_s = 0.0
+        # Full information scores every drafter on the verified chunk, teacher-forced. Without it,
+        # model-free drafters are still scored when `free_feedback` is on: for them it costs
+        # microseconds, and the policy then learns about them without spending rounds on them.
         if st.full_info:
-            # Full information: score every drafter on the verified chunk, teacher-forced.
+            scored = list(range(len(arms)))
+        elif free_feedback:
+            scored = [i for i, d in enumerate(arms) if d.model_free and i != arm]
+        else:
+            scored = []
+        if scored:
             m = min(len(emitted), st.gamma)
             p_rows = None if s.greedy else warp(logits[:m], s)
             chunk = torch.tensor(emitted[:m], device=dev)
-            for i, d in enumerate(arms):
+            for i in scored:
+                d = arms[i]
                 if i == arm:
                     g = (v.beta + [0.0] * m)[:m]
                 else:
+                    if d.shared_layers:
+                        d.adopt(cache, ids)
                     pred = d.predict(ids, start, m, s).to(dev)
                     if pred.dim() == 1 and s.greedy:
                         g = (pred == chunk).float().tolist()
@@ -275,12 +301,13 @@ def _rounds(bundle: Bundle, prompt: str, prompt_ids: list[int], st: Settings, st
                     else:
                         g = torch.minimum(p_rows, pred).sum(-1).tolist()
                 # Had it drafted, it would have proposed up to gamma ids: charge that verification.
-                rewards[i] = reward_of(g, d.ms_per_token * st.gamma, st.gamma + 1)
+                rewards[i] = reward_of(g, m, d.ms_per_token * st.gamma, st.gamma + 1)
                 tokens_i = 1 + _expected_accepted(g)
                 stats[names[i]].scored_tokens += tokens_i
                 if i == arm:
                     chosen_scored += tokens_i
             feedback_s = time.perf_counter() - t4
+        if st.full_info:
             # Measured regret: the best drafter in hindsight's expected tokens minus ours.
             regret = max(a.scored_tokens for a in stats.values()) - chosen_scored
         else:
@@ -337,7 +364,8 @@ def _rounds(bundle: Bundle, prompt: str, prompt_ids: list[int], st: Settings, st
                          a.draft_s, a.verify_s)
             for n, a in stats.items()
         ),
-        config={"preset": bundle.preset.name, **asdict(st), "drafters": list(st.drafters)},
+        config={"preset": bundle.preset.name, **asdict(st), "drafters": list(st.drafters), "free_feedback": free_feedback,
+                "adaptive_gamma": adaptive},
     )
 
 

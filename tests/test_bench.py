@@ -272,3 +272,17 @@ def test_prompts_run_round_robin_over_categories():
     ps = [Prompt(i, c, "x") for i, c in enumerate(["a", "a", "b", "b", "c"])]
     order = [p.question_id for p, _ in bench._round_robin([(p, [1]) for p in ps])]
     assert order == [0, 2, 4, 1, 3]  # a run cut short has already seen every category
+
+
+def test_spec_bench_tasks_group_mt_bench(tmp_path):
+    from metasd.bench import load_prompts
+
+    lines = [{"question_id": i, "category": c, "turns": [f"q{i}"]}
+             for i, c in enumerate(["writing", "writing", "coding", "coding", "rag", "rag"])]
+    f = tmp_path / "q.jsonl"
+    f.write_text("\n".join(json.dumps(x) for x in lines), encoding="utf-8")
+    grouped = load_prompts(f, per_category=2, spec_bench_tasks=True)
+    # One from each MT-Bench sub-category in turn, then the other tasks unchanged.
+    assert [(p.question_id, p.category) for p in grouped] == [(0, "mt_bench"), (2, "mt_bench"), (4, "rag"), (5, "rag")]
+    plain = load_prompts(f, per_category=1)
+    assert [p.category for p in plain] == ["writing", "coding", "rag"]

@@ -10,6 +10,7 @@ import torch
 from metasd import run, target_greedy
 from metasd.engine import encode_prompt
 from metasd.policies import POLICIES
+from metasd.presets import PRESETS
 from tests.tiny import tiny_bundle
 
 # Varied prompts: copying, translation, code, maths, chat, lists, odd Unicode.
@@ -29,7 +30,7 @@ PROMPTS = [
     ("Question: Who wrote Hamlet?\nAnswer:", False),
 ]
 MAX_NEW = 32
-METHODS = [f"single:{d}" for d in ("prompt-lookup", "token-recycling", "layer-skip")] + list(POLICIES)
+METHODS = [f"single:{d}" for d in PRESETS["offline"].drafter_names] + list(POLICIES)
 
 
 @pytest.fixture(scope="module")
