@@ -272,6 +272,11 @@ def load_bundle(preset: str | Preset = "offline", device: str | None = None, dty
     p = get_preset(preset) if isinstance(preset, str) else preset
     dev = pick_device(device or p.device)
     dt = pick_dtype(dev, dtype or p.dtype)
+    if dev.type == "cpu":
+        # Let SDPA attend over grouped key/value heads directly instead of repeating them: measured
+        # 16-20% faster verification of several tokens on the CPU, identical logits. (On CUDA it
+        # would fall back to a slow kernel, so it stays off there.)
+        os.environ.setdefault("TRANSFORMERS_SDPA_FORCE_GQA", "1")
     t0 = time.perf_counter()
     source = p.target
     if p.name == "offline":
