@@ -21,15 +21,13 @@ PROMPTS = [
     ("Write a Python function that returns the factorial of n.", True),
     ("What is 17 + 25? Explain step by step.", True),
     ("Tell me a short joke about computers.", True),
-    ("List three colours of the rainbow.", True),
     ("Réponds en une phrase : quelle est la capitale de l'Italie ? 🇮🇹", True),
     ("def fibonacci(n):\n    \"\"\"Return the n-th Fibonacci number.\"\"\"\n", False),
     ("The quick brown fox jumps over the lazy dog. The quick brown fox", False),
-    ("Once upon a time, in a small village by the sea,", False),
     ("1, 2, 3, 4, 5, 6, 7,", False),
     ("Question: Who wrote Hamlet?\nAnswer:", False),
 ]
-MAX_NEW = 32
+MAX_NEW = 24
 METHODS = [f"single:{d}" for d in PRESETS["offline"].drafter_names] + list(POLICIES)
 
 
