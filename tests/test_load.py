@@ -15,14 +15,13 @@ from concurrent.futures import ThreadPoolExecutor
 
 import httpx
 import pytest
-import torch
 from gradio_client import Client
 
 from metasd.engine import run
 from tests.app_server import free_port
 from tests.test_app_api import parse
 
-pytestmark = [pytest.mark.offline_model]
+pytestmark = [pytest.mark.offline_model, pytest.mark.usefixtures("one_torch_thread")]
 USERS, TOKENS = 6, 12
 PROMPTS = [
     "Translate to French: the library opens at nine.",
@@ -58,14 +57,6 @@ BAD = [
 
 
 SERVED: dict = {}
-
-
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
 
 
 @pytest.fixture(scope="module")

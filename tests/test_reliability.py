@@ -29,16 +29,7 @@ import metasd.engine as engine
 from metasd.validation import LIMITS, InvalidInput, parse_prompt_set, validate_settings
 
 PROMPT = "Summarize in one sentence: the bakery on Elm Street opens at seven and sells rye bread, croissants and tea."
-pytestmark = pytest.mark.offline_model
-
-
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    """One intra-op thread per request: on a shared 2-core machine more threads only contend."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = [pytest.mark.offline_model, pytest.mark.usefixtures("one_torch_thread")]
 
 
 @pytest.fixture(scope="module")
