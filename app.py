@@ -586,7 +586,8 @@ def build_demo() -> gr.Blocks:
                             policy = gr.Dropdown(_policy_choices(drafters0), value="metasd-ucb", label="Policy", scale=1,
                                                  allow_custom_value=True, info="which drafter proposes each round")
                         policy_help = gr.Markdown(_policy_info("metasd-ucb"), elem_classes="compact-md")
-                        drafters = gr.CheckboxGroup(drafters0, value=drafters0, label="Drafters (tick any subset)")
+                        drafters = gr.CheckboxGroup(drafters0, value=get_bundle(preset0).default_drafters,
+                                                    label="Drafters (tick any subset)")
                         reward = gr.Radio(REWARD_CHOICES, value="bd", label="Reward")
                         with gr.Row():
                             gamma = gr.Slider(1, 16, value=gamma0, step=1, label="Draft length \u03b3")
@@ -638,7 +639,8 @@ def build_demo() -> gr.Blocks:
                     if name not in presets:
                         raise gr.Error(f"unknown preset {name!r}")
                     names = _drafters_of(name)
-                    return (gr.update(choices=names, value=names), gr.update(choices=_policy_choices(names), value="metasd-ucb"),
+                    return (gr.update(choices=names, value=get_bundle(name).default_drafters),
+                            gr.update(choices=_policy_choices(names), value="metasd-ucb"),
                             gr.update(value=PRESETS[name].gamma))
 
                 policy.change(_policy_info, policy, policy_help, api_visibility="private", queue=False)

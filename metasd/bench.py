@@ -74,7 +74,7 @@ class Method:
 
 
 def default_methods(drafter_names: Sequence[str]) -> list[str]:
-    return ["baseline", "hf-pld", *(f"single:{d}" for d in drafter_names), "metasd-ucb", "oracle"]
+    return ["baseline", "hf-pld", *(f"single:{d}" for d in drafter_names), "metasd-ucb", "metasd-ucb-cost", "oracle"]
 
 
 def method_help() -> str:

@@ -19,7 +19,7 @@ from typing import Any
 import torch
 from transformers import DynamicCache
 
-from metasd.drafters import Drafter, TokenRecycling, Verified, crop_to
+from metasd.drafters import Draft, Drafter, TokenRecycling, Verified, crop_to
 from metasd.events import DrafterStats, Event, RoundEvent, Summary
 from metasd.models import Bundle
 from metasd.policies import make_policy
@@ -100,8 +100,20 @@ class VerifyCost:
     def __call__(self, fed: int) -> float:
         if self.ms[fed]:
             return self.ms[fed]
-        seen = [(abs(i - fed), m) for i, m in enumerate(self.ms) if m]
-        return min(seen)[1] if seen else 1.0
+        seen = [(i, m) for i, m in enumerate(self.ms) if m]
+        if not seen:
+            return 1.0
+        lo = [(i, m) for i, m in seen if i < fed]
+        hi = [(i, m) for i, m in seen if i > fed]
+        if lo and hi:  # between two measured counts: interpolate
+            (i0, m0), (i1, m1) = lo[-1], hi[0]
+            return m0 + (m1 - m0) * (fed - i0) / (i1 - i0)
+        # Outside them: the slope of the two nearest, or a prior of +10% of a step per extra id
+        # (this CPU measures ~+10%; a GPU measures ~0 within a few rounds).
+        near = (lo[-2:] if lo else hi[:2])
+        (i0, m0) = near[-1] if lo else near[0]
+        slope = (near[1][1] - near[0][1]) / (near[1][0] - near[0][0]) if len(near) == 2 else 0.1 * m0 / max(i0, 1)
+        return max(m0 + max(slope, 0.0) * (fed - i0), 1e-3)
 
 
 def _reward(kind: str, g: list[float], k: int, gamma: int, drafted_ms: float, fed: int, cost: VerifyCost) -> float:
@@ -145,7 +157,7 @@ def generate(bundle: Bundle, prompt: str | list[int], *, drafters: Any = None, p
              temperature: float = 0.0, top_p: float = 1.0, top_k: int = 0, seed: int = 0,
              chat_template: bool = True, full_info: bool = False, stop: StopSignal = None,
              max_new_tokens_limit: int | None = None, inspect: Inspect | None = None,
-             free_feedback: bool = True, adaptive: bool = True) -> Iterator[Event]:
+             free_feedback: bool = True, adaptive: bool = True, sleeping: bool = True) -> Iterator[Event]:
     """Speculative generation with a bandit over drafters. Yields RoundEvents, then a Summary.
 
     Raises InvalidInput (before yielding anything) for bad prompts or settings. `stop` ends the
@@ -158,7 +170,7 @@ def generate(bundle: Bundle, prompt: str | list[int], *, drafters: Any = None, p
     st = validate_settings(bundle.drafter_names, drafters, policy, reward,
                            bundle.preset.gamma if gamma is None else gamma, max_new_tokens,
                            temperature, top_p, top_k, seed, chat_template, full_info,
-                           max_new_tokens_limit)
+                           max_new_tokens_limit, default=bundle.default_drafters)
     text_prompt = prompt if isinstance(prompt, str) else ""
     if isinstance(prompt, str):
         prompt = clean_prompt(prompt)
@@ -170,12 +182,12 @@ def generate(bundle: Bundle, prompt: str | list[int], *, drafters: Any = None, p
             f"gamma={st.gamma} it must be at most {bundle.max_context - st.max_new_tokens - st.gamma - 1:,} "
             f"tokens (the model's context is {bundle.max_context:,})"
         )
-    return _rounds(bundle, text_prompt, prompt_ids, st, stop, inspect, bool(free_feedback), bool(adaptive))
+    return _rounds(bundle, text_prompt, prompt_ids, st, stop, inspect, bool(free_feedback), bool(adaptive), bool(sleeping))
 
 
 @torch.inference_mode()
 def _rounds(bundle: Bundle, prompt: str, prompt_ids: list[int], st: Settings, stop: StopSignal,
-            inspect: Inspect | None, free_feedback: bool, adaptive: bool) -> Iterator[Event]:
+            inspect: Inspect | None, free_feedback: bool, adaptive: bool, sleeping: bool) -> Iterator[Event]:
     t_start = time.perf_counter()
     dev = bundle.device
     s = Sampling(st.temperature, st.top_p, st.top_k)
@@ -183,6 +195,7 @@ def _rounds(bundle: Bundle, prompt: str, prompt_ids: list[int], st: Settings, st
     arms = bundle.make_drafters(names)
     # Rounds the request will take if each emits ~2 tokens: sequential halving's horizon.
     pol = make_policy(st.policy, names, seed=st.seed, horizon=max(8, st.max_new_tokens // 2))
+    sleeping = sleeping and pol.name != "fixed" and any(d.model_free for d in arms)
     g_target = torch.Generator(device=dev).manual_seed(st.seed)
     g_draft = torch.Generator(device=dev).manual_seed(st.seed + 1)
     eos = bundle.eos_ids
@@ -215,21 +228,62 @@ def _rounds(bundle: Bundle, prompt: str, prompt_ids: list[int], st: Settings, st
     # Per-arm draft length: one more after a fully accepted draft, accepted + 1 after a rejection
     # (on a CPU every extra verified id costs ~15% of a step, so long doomed drafts are expensive).
     caps = [st.gamma] * len(arms)
+    budget = st.max_new_tokens - 1
+    pre: dict[int, Draft] = {}
+
+    def plan(i: int, alpha: float) -> tuple[float, int]:
+        """Expected tokens per ms of a round with arm i, if each drafted position passes with
+        probability alpha, and the draft length that maximises it (0: a plain target step)."""
+        kmax = min(caps[i] if adaptive else st.gamma, budget)
+        if i in pre:
+            kmax = min(kmax, len(pre[i].tokens))
+        d_ms = arms[i].ms_per_token
+        best_v, best_k = 1.0 / verify_cost(1), 0
+        e, run = 0.0, 1.0
+        for kk in range(1, kmax + 1):
+            run *= alpha
+            e += run
+            v = (1.0 + e) / (kk * d_ms + verify_cost(kk + 1))
+            if v > best_v:
+                best_v, best_k = v, kk
+        return best_v, best_k
+
     while new_tokens < st.max_new_tokens:
         if _stopped(stop):
             stop_reason = "stopped"
             break
         rnd += 1
-        t0 = time.perf_counter()
-        probs = pol.probabilities()
-        arm = pol.choose()
-        drafter = arms[arm]
         # Never draft past the budget: a round emits accepted + 1 tokens.
-        k = min(caps[arm] if adaptive else st.gamma, st.max_new_tokens - new_tokens - 1)
+        budget = st.max_new_tokens - new_tokens - 1
+        t_pre = time.perf_counter()
+        # Sleeping arms: the model-free drafters draft first (microseconds, deterministic, no
+        # random numbers drawn); one with nothing to propose is asleep and the policy chooses
+        # among the others, since pulling it would only be a plain target step.
+        pre.clear()
+        awake: list[bool] | None = None
+        if sleeping:
+            for i, d in enumerate(arms):
+                if d.model_free:
+                    ki = min(caps[i] if adaptive else st.gamma, budget)
+                    pre[i] = d.propose(ids, ki, s, g_draft) if ki > 0 else Draft([], None)
+            awake = [bool(pre[i].tokens) if i in pre else True for i in range(len(arms))]
+        t0 = time.perf_counter()
+        pre_s = t0 - t_pre
+        if hasattr(pol, "plan"):
+            pol.plan = plan  # the cost-aware policy reads rounds through the engine's cost model
+        probs = pol.probabilities(awake)
+        arm = pol.choose(awake)
+        drafter = arms[arm]
+        k = min(caps[arm] if adaptive else st.gamma, budget)
+        if getattr(pol, "length", None) is not None:
+            k = min(k, pol.length)  # 0: a plain target step, no drafter is worth its cost now
         t1 = time.perf_counter()
-        if drafter.shared_layers and k > 0:
-            drafter.adopt(cache, ids)
-        draft = drafter.propose(ids, k, s, g_draft) if k > 0 else None
+        if arm in pre:
+            draft = pre[arm]
+        else:
+            if drafter.shared_layers and k > 0:
+                drafter.adopt(cache, ids)
+            draft = drafter.propose(ids, k, s, g_draft) if k > 0 else None
         tokens = draft.tokens[:k] if draft else []
         q = draft.q[: len(tokens)] if draft is not None and draft.q is not None else None
         t2 = time.perf_counter()
@@ -278,7 +332,8 @@ def _rounds(bundle: Bundle, prompt: str, prompt_ids: list[int], st: Settings, st
         if st.full_info:
             scored = list(range(len(arms)))
         elif free_feedback:
-            scored = [i for i, d in enumerate(arms) if d.model_free and i != arm]
+            # Only awake arms: a sleeping arm's mean is its reward when it can play.
+            scored = [i for i, d in enumerate(arms) if d.model_free and i != arm and (awake is None or awake[i])]
         else:
             scored = []
         if scored:
@@ -310,7 +365,7 @@ def _rounds(bundle: Bundle, prompt: str, prompt_ids: list[int], st: Settings, st
         if st.full_info:
             # Measured regret: the best drafter in hindsight's expected tokens minus ours.
             regret = max(a.scored_tokens for a in stats.values()) - chosen_scored
-        else:
+        elif k > 0:  # a round that drafted nothing by choice says nothing about the drafter
             rewards[arm] = own
         pol.update(arm, rewards)
         for d in arms:
@@ -335,7 +390,7 @@ def _rounds(bundle: Bundle, prompt: str, prompt_ids: list[int], st: Settings, st
         draft_text = [pieces.piece([t]) for t in tokens]
         t5 = time.perf_counter()
         o_ms = 1000 * ((t1 - t0) + (t5 - t3) - feedback_s)
-        draft_s += t2 - t1 + feedback_s
+        draft_s += t2 - t1 + feedback_s + pre_s
         verify_s += t3 - t2
         overhead_s += o_ms / 1000
         yield RoundEvent(
@@ -344,7 +399,7 @@ def _rounds(bundle: Bundle, prompt: str, prompt_ids: list[int], st: Settings, st
             p_draft=tuple(v.p_draft), q_draft=tuple(v.q_draft), accept_prob=tuple(v.accept_prob),
             reward=own, rewards=dict(zip(names, rewards, strict=True)),
             probabilities=dict(zip(names, probs, strict=True)), regret=max(regret, 0.0),
-            regret_measured=st.full_info, draft_ms=d_ms + 1000 * feedback_s, verify_ms=v_ms, overhead_ms=o_ms,
+            regret_measured=st.full_info, draft_ms=d_ms + 1000 * (feedback_s + pre_s), verify_ms=v_ms, overhead_ms=o_ms,
             new_tokens=new_tokens, emitted_text=tuple(text), draft_text=tuple(draft_text),
         )
         if hit_eos is not None:
@@ -365,7 +420,7 @@ def _rounds(bundle: Bundle, prompt: str, prompt_ids: list[int], st: Settings, st
             for n, a in stats.items()
         ),
         config={"preset": bundle.preset.name, **asdict(st), "drafters": list(st.drafters), "free_feedback": free_feedback,
-                "adaptive_gamma": adaptive},
+                "adaptive_gamma": adaptive, "sleeping_arms": sleeping},
     )
 
 

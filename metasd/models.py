@@ -144,6 +144,12 @@ class Bundle:
         return list(self.specs)
 
     @property
+    def default_drafters(self) -> list[str]:
+        """The arms a bandit plays when none are named: the preset's choice among those loaded."""
+        chosen = [n for n in self.specs if n in self.preset.bandit_drafters]
+        return chosen or self.drafter_names
+
+    @property
     def max_context(self) -> int:
         return int(getattr(self.target.config, "max_position_embeddings", 2048))
 

@@ -3,6 +3,11 @@
 Every policy answers `probabilities()`: the chance of each arm being chosen next round
 (one-hot for deterministic rules). `update` takes the pulled arm and a reward per arm, None
 where unknown: bandit feedback gives one number, full-information feedback gives all of them.
+
+Sleeping arms (Kleinberg et al. 2010): `choose(awake)` and `probabilities(awake)` take a mask of
+the arms that can play this round. A model-free drafter with nothing to propose (prompt lookup
+without a match) is asleep: pulling it would be a plain target step. Policies choose among the
+awake arms only; with no mask, or no arm awake, every arm counts as awake.
 """
 
 from __future__ import annotations
@@ -10,8 +15,11 @@ from __future__ import annotations
 import math
 import random
 from abc import ABC, abstractmethod
+from collections.abc import Callable, Sequence
 
 import numpy as np
+
+Awake = Sequence[bool] | np.ndarray | None
 
 
 class Policy(ABC):
@@ -32,10 +40,22 @@ class Policy(ABC):
         return np.divide(self.total, self.n, out=np.zeros(self.k), where=self.n > 0)
 
     @abstractmethod
-    def choose(self) -> int: ...
+    def choose(self, awake: Awake = None) -> int: ...
 
     @abstractmethod
-    def probabilities(self) -> list[float]: ...
+    def probabilities(self, awake: Awake = None) -> list[float]: ...
+
+    def _awake(self, awake: Awake) -> np.ndarray:
+        """The mask as a bool array; all arms when none is given or none is awake."""
+        if awake is None:
+            return np.ones(self.k, dtype=bool)
+        m = np.asarray(awake, dtype=bool)
+        return m if m.any() else np.ones(self.k, dtype=bool)
+
+    def _masked(self, dist: np.ndarray, awake: Awake) -> np.ndarray:
+        """A distribution over arms renormalised over the awake ones."""
+        d = np.where(self._awake(awake), dist, 0.0)
+        return d / d.sum() if d.sum() > 0 else self._awake(awake) / self._awake(awake).sum()
 
     def update(self, arm: int, rewards: list[float | None]) -> None:
         self.t += 1
@@ -59,31 +79,35 @@ class Fixed(Policy):
         super().__init__(k, seed)
         self.arm = arm
 
-    def choose(self) -> int:
-        return self.arm
+    def choose(self, awake: Awake = None) -> int:
+        return self.arm  # a single drafter plays even when asleep (a plain target step)
 
-    def probabilities(self) -> list[float]:
+    def probabilities(self, awake: Awake = None) -> list[float]:
         return self._one_hot(self.arm)
 
 
 class RoundRobin(Policy):
     name = "round-robin"
 
-    def choose(self) -> int:
-        return self.t % self.k
+    def _next(self, awake: Awake) -> int:
+        m = self._awake(awake)
+        return next(i % self.k for i in range(self.t, self.t + self.k) if m[i % self.k])
 
-    def probabilities(self) -> list[float]:
-        return self._one_hot(self.t % self.k)
+    def choose(self, awake: Awake = None) -> int:
+        return self._next(awake)
+
+    def probabilities(self, awake: Awake = None) -> list[float]:
+        return self._one_hot(self._next(awake))
 
 
 class Uniform(Policy):
     name = "uniform"
 
-    def choose(self) -> int:
-        return self.rng.randrange(self.k)
+    def choose(self, awake: Awake = None) -> int:
+        return self.rng.choice(np.flatnonzero(self._awake(awake)).tolist())
 
-    def probabilities(self) -> list[float]:
-        return [1.0 / self.k] * self.k
+    def probabilities(self, awake: Awake = None) -> list[float]:
+        return self._masked(np.ones(self.k), awake).tolist()
 
 
 class MetaSDUCB(Policy):
@@ -95,18 +119,65 @@ class MetaSDUCB(Policy):
         super().__init__(k, seed)
         self.beta = beta
 
-    def _next(self) -> int:
-        unseen = np.flatnonzero(self.n == 0)
+    def _next(self, awake: Awake) -> int:
+        m = self._awake(awake)
+        unseen = np.flatnonzero(m & (self.n == 0))
         if unseen.size:
             return int(unseen[0])
-        bonus = self.beta * np.sqrt(2.0 * math.log(max(self.t, 1)) / self.n)
-        return int(np.argmax(self.means + bonus))
+        bonus = self.beta * np.sqrt(2.0 * math.log(max(self.t, 1)) / np.maximum(self.n, 1))
+        return int(np.argmax(np.where(m, self.means + bonus, -np.inf)))
 
-    def choose(self) -> int:
-        return self._next()
+    def choose(self, awake: Awake = None) -> int:
+        return self._next(awake)
 
-    def probabilities(self) -> list[float]:
-        return self._one_hot(self._next())
+    def probabilities(self, awake: Awake = None) -> list[float]:
+        return self._one_hot(self._next(awake))
+
+
+# plan(arm, alpha) -> (expected tokens per millisecond of the round, draft length): the engine's
+# model of a round with that drafter if a drafted position passes with probability alpha.
+Plan = Callable[[int, float], tuple[float, int]]
+
+
+class CostAwareUCB(MetaSDUCB):
+    """MetaSD-UCB whose optimism is spent on speed, not on agreement.
+
+    The UCB index of an arm, min(1, mean + beta * sqrt(2 ln t / n)), is read as an optimistic
+    per-position acceptance rate alpha (its reward is bd or be, both estimates of alpha). The
+    engine's `plan` turns alpha into expected tokens per millisecond with that drafter's measured
+    cost per drafted token and the measured verification cost on this hardware (DESIGN.md formula
+    4 without assuming verification is free), maximised over the draft length 0..k. The arm with
+    the fastest optimistic round is pulled, with its best draft length; length 0 is a plain target
+    step, chosen when no drafter is even optimistically worth its cost (the arm then learns nothing
+    that round and its bonus grows, so it is tried again later). Without a plan it is MetaSD-UCB.
+    """
+
+    name = "metasd-ucb-cost"
+    default_beta = 0.25
+
+    def __init__(self, k: int, seed: int = 0, beta: float | None = None) -> None:
+        beta = self.default_beta if beta is None else beta
+        super().__init__(k, seed, beta)
+        self.plan: Plan | None = None
+        self.length: int | None = None  # the draft length chosen with the last arm (None: no plan)
+
+    def _next(self, awake: Awake) -> int:
+        if self.plan is None:
+            return super()._next(awake)
+        m = self._awake(awake)
+        unseen = np.flatnonzero(m & (self.n == 0))
+        if unseen.size:
+            self.length = None  # first pull of an arm: full length, to measure it
+            return int(unseen[0])
+        bonus = self.beta * np.sqrt(2.0 * math.log(max(self.t, 1)) / np.maximum(self.n, 1))
+        alpha = np.clip(self.means + bonus, 0.0, 1.0)
+        best, arm, length = (-1.0, -1.0), 0, 0
+        for i in np.flatnonzero(m):
+            v, kk = self.plan(int(i), float(alpha[i]))
+            if (v, alpha[i]) > best:  # ties (plain steps all round) go to the most promising arm
+                best, arm, length = (v, alpha[i]), int(i), kk
+        self.length = length
+        return arm
 
 
 class EpsilonGreedy(Policy):
@@ -116,19 +187,20 @@ class EpsilonGreedy(Policy):
         super().__init__(k, seed)
         self.epsilon = epsilon
 
-    def _best(self) -> int:
-        unseen = np.flatnonzero(self.n == 0)
-        return int(unseen[0]) if unseen.size else int(np.argmax(self.means))
+    def _best(self, awake: Awake) -> int:
+        m = self._awake(awake)
+        unseen = np.flatnonzero(m & (self.n == 0))
+        return int(unseen[0]) if unseen.size else int(np.argmax(np.where(m, self.means, -np.inf)))
 
-    def choose(self) -> int:
+    def choose(self, awake: Awake = None) -> int:
         if self.rng.random() < self.epsilon:
-            return self.rng.randrange(self.k)
-        return self._best()
+            return self.rng.choice(np.flatnonzero(self._awake(awake)).tolist())
+        return self._best(awake)
 
-    def probabilities(self) -> list[float]:
-        p = [self.epsilon / self.k] * self.k
-        p[self._best()] += 1.0 - self.epsilon
-        return p
+    def probabilities(self, awake: Awake = None) -> list[float]:
+        p = self.epsilon * self._masked(np.ones(self.k), awake)
+        p[self._best(awake)] += 1.0 - self.epsilon
+        return p.tolist()
 
 
 class Exp3(Policy):
@@ -141,18 +213,23 @@ class Exp3(Policy):
         self.gamma = gamma
         self.log_w = np.zeros(k)
 
-    def _dist(self) -> np.ndarray:
-        w = np.exp(self.log_w - self.log_w.max())
-        return (1.0 - self.gamma) * w / w.sum() + self.gamma / self.k
+    def _dist(self, awake: Awake = None) -> np.ndarray:
+        m = self._awake(awake)
+        w = np.where(m, np.exp(self.log_w - self.log_w[m].max()), 0.0)
+        return (1.0 - self.gamma) * w / w.sum() + self.gamma * m / m.sum()
 
-    def choose(self) -> int:
-        return self.rng.choices(range(self.k), weights=self._dist().tolist())[0]
+    def choose(self, awake: Awake = None) -> int:
+        self._last = self._dist(awake)  # the distribution the pull is drawn from: update's weights
+        return self.rng.choices(range(self.k), weights=self._last.tolist())[0]
 
-    def probabilities(self) -> list[float]:
-        return self._dist().tolist()
+    def probabilities(self, awake: Awake = None) -> list[float]:
+        return self._dist(awake).tolist()
 
     def update(self, arm: int, rewards: list[float | None]) -> None:
-        dist = self._dist()
+        dist = getattr(self, "_last", None)
+        if dist is None:
+            dist = self._dist()
+        self._last = None
         super().update(arm, rewards)
         r = rewards[arm]
         if r is not None:
@@ -168,17 +245,19 @@ class Thompson(Policy):
     def _ab(self) -> tuple[np.ndarray, np.ndarray]:
         return 1.0 + self.total, 1.0 + self.n - self.total
 
-    def choose(self) -> int:
+    def choose(self, awake: Awake = None) -> int:
         a, b = self._ab()
-        draws = [self.rng.betavariate(a[i], b[i]) for i in range(self.k)]
+        m = self._awake(awake)
+        draws = [self.rng.betavariate(a[i], b[i]) if m[i] else -1.0 for i in range(self.k)]
         return int(np.argmax(draws))
 
-    def probabilities(self) -> list[float]:
+    def probabilities(self, awake: Awake = None) -> list[float]:
         # P(arm's sample is the highest), estimated with a generator of its own so that asking
         # does not change which arms are chosen.
         a, b = self._ab()
         g = np.random.default_rng(self.t)
-        wins = np.bincount(g.beta(a, b, size=(self.samples, self.k)).argmax(1), minlength=self.k)
+        draws = np.where(self._awake(awake), g.beta(a, b, size=(self.samples, self.k)), -1.0)
+        wins = np.bincount(draws.argmax(1), minlength=self.k)
         return (wins / self.samples).tolist()
 
 
@@ -196,17 +275,16 @@ class Hedge(Policy):
         super().__init__(k, seed)
         self.scale = scale
 
-    def _dist(self) -> np.ndarray:
+    def _dist(self, awake: Awake = None) -> np.ndarray:
         eta = self.scale * math.sqrt(8.0 * math.log(max(self.k, 2)) / max(self.t, 1))
         z = eta * self.total
-        w = np.exp(z - z.max())
-        return w / w.sum()
+        return self._masked(np.exp(z - z.max()), awake)
 
-    def choose(self) -> int:
-        return self.rng.choices(range(self.k), weights=self._dist().tolist())[0]
+    def choose(self, awake: Awake = None) -> int:
+        return self.rng.choices(range(self.k), weights=self._dist(awake).tolist())[0]
 
-    def probabilities(self) -> list[float]:
-        return self._dist().tolist()
+    def probabilities(self, awake: Awake = None) -> list[float]:
+        return self._dist(awake).tolist()
 
 
 class SequentialHalving(Policy):
@@ -227,14 +305,19 @@ class SequentialHalving(Policy):
         self.phase_n = np.zeros(k)
         self.phase_total = np.zeros(k)
 
-    def _next(self) -> int:
-        return self.alive[self.phase_t % len(self.alive)]
+    def _next(self, awake: Awake) -> int:
+        # The phase's arm in turn; if it is asleep, the next surviving arm that is awake; if every
+        # survivor sleeps, the awake arm with the best mean so far.
+        m = self._awake(awake)
+        n = len(self.alive)
+        order = [self.alive[(self.phase_t + j) % n] for j in range(n)]
+        return next((i for i in order if m[i]), int(np.argmax(np.where(m, self.means, -np.inf))))
 
-    def choose(self) -> int:
-        return self._next()
+    def choose(self, awake: Awake = None) -> int:
+        return self._next(awake)
 
-    def probabilities(self) -> list[float]:
-        return self._one_hot(self._next())
+    def probabilities(self, awake: Awake = None) -> list[float]:
+        return self._one_hot(self._next(awake))
 
     def update(self, arm: int, rewards: list[float | None]) -> None:
         super().update(arm, rewards)
@@ -254,10 +337,11 @@ class SequentialHalving(Policy):
 
 POLICIES: dict[str, type[Policy]] = {
     cls.name: cls
-    for cls in (MetaSDUCB, Exp3, Thompson, EpsilonGreedy, SequentialHalving, Hedge, RoundRobin, Uniform)
+    for cls in (MetaSDUCB, CostAwareUCB, Exp3, Thompson, EpsilonGreedy, SequentialHalving, Hedge, RoundRobin, Uniform)
 }
 POLICY_HELP = {
     "metasd-ucb": "MetaSD-UCB (the paper's): optimism in the face of uncertainty",
+    "metasd-ucb-cost": "MetaSD-UCB with a cost-aware index: the fastest optimistic round, plain steps when nothing pays",
     "exp3": "EXP3: adversarial bandit, exponential weights on importance-weighted rewards",
     "thompson": "Thompson sampling with Beta posteriors",
     "epsilon-greedy": "best mean so far, a random arm with probability epsilon",

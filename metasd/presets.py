@@ -36,6 +36,9 @@ class Preset:
     hardware: str = "CPU"
     gamma: int = 4  # default draft length, chosen for the hardware it targets
     tags: tuple[str, ...] = field(default_factory=tuple)
+    # The arms a bandit plays when the request names no drafters (empty: all of them). A drafter
+    # measured never to pay on the preset's hardware stays selectable but out of the default.
+    bandit_drafters: tuple[str, ...] = ()
 
     @property
     def drafter_names(self) -> list[str]:
@@ -78,6 +81,9 @@ PRESETS: dict[str, Preset] = {
                 *DISTILLED_DRAFTERS,
             ),
             tags=("cpu", "offline"),
+            # layer-skip costs ~0.85 of a target step per drafted token on this CPU and passes
+            # ~17% of its drafts: 0.66x alone in the Spec-Bench run (README, Benchmarks).
+            bandit_drafters=("prompt-lookup", "token-recycling", *(d.name for d in DISTILLED_DRAFTERS)),
         ),
         Preset(
             name="qwen2.5-7b",

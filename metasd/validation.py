@@ -110,10 +110,18 @@ def validate_settings(available: list[str], drafters: Any = None, policy: Any = 
                       reward: Any = "bd", gamma: Any = 4, max_new_tokens: Any = 128,
                       temperature: Any = 0.0, top_p: Any = 1.0, top_k: Any = 0, seed: Any = 0,
                       chat_template: Any = True, full_info: Any = False,
-                      max_new_tokens_limit: int | None = None) -> Settings:
-    """Check every generation setting against `available` drafters and the limits above."""
+                      max_new_tokens_limit: int | None = None, default: list[str] | None = None) -> Settings:
+    """Check every generation setting against `available` drafters and the limits above.
+
+    With no drafters named, the arms are `default` (else all available), plus the one a
+    single:<drafter> policy names.
+    """
     if drafters is None or drafters == "" or drafters == []:
-        names = list(available)
+        names = list(default or available)
+        if isinstance(policy, str) and policy.startswith(("single:", "fixed:")):
+            arm = policy.split(":", 1)[1]
+            if arm in available and arm not in names:
+                names.append(arm)
     else:
         if isinstance(drafters, str):
             drafters = [d.strip() for d in drafters.split(",") if d.strip()]

@@ -72,18 +72,31 @@ def test_idle_drafter_catches_up_lazily():
     class Scripted(policies.Policy):
         name = "scripted"
 
-        def choose(self):
+        def choose(self, awake=None):
             return names.index(pattern[min(self.t, len(pattern) - 1)])
 
-        def probabilities(self):
+        def probabilities(self, awake=None):
             return self._one_hot(self.choose())
 
     policies.POLICIES["scripted"] = Scripted
     try:
-        run(bundle, prompt, policy="scripted", max_new_tokens=30, inspect=inspect)
+        run(bundle, prompt, policy="scripted", max_new_tokens=30, inspect=inspect, sleeping=False)
     finally:
         del policies.POLICIES["scripted"]
     # While idle (rounds 3-6) the drafter's cache does not move; it catches up when chosen again.
     idle = [c for _, c in seen[2:6]]
     assert len(set(idle)) == 1
     assert seen[6][1] > idle[0] and seen[6][1] >= seen[6][0] - 1 - 4
+
+
+def test_verify_cost_interpolates_and_extrapolates():
+    from metasd.engine import VerifyCost
+
+    c = VerifyCost(4)
+    assert c(3) == 1.0  # nothing measured yet
+    c.add(1, 50.0)
+    assert c(1) == 50.0 and c(2) == pytest.approx(55.0)  # a prior of +10% of a step per id
+    c.add(5, 70.0)
+    assert c(3) == pytest.approx(60.0)  # between two measurements: linear
+    c.add(4, 66.0)
+    assert c(3) == pytest.approx(50.0 + 16.0 * 2 / 3)

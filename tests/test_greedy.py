@@ -73,7 +73,7 @@ def test_offline_target_untouched_by_self_drafter(offline):
 
 def test_tiny_greedy_many_seeds_and_switch_patterns():
     """Random switching between every drafter kind, many seeds, gammas and drafter qualities."""
-    policies = ["uniform", "round-robin", "exp3", "thompson", "metasd-ucb", "hedge", "sequential-halving"]
+    policies = ["uniform", "round-robin", "exp3", "thompson", "metasd-ucb", "metasd-ucb-cost", "hedge", "sequential-halving"]
     for seed in range(24):
         rng = random.Random(seed)
         bundle = tiny_bundle(vocab=24, seed=seed, noise=rng.choice([0.05, 0.3, 1.0]), scale=rng.choice([1.0, 6.0]))
@@ -84,7 +84,7 @@ def test_tiny_greedy_many_seeds_and_switch_patterns():
         for policy in policies:
             gamma = rng.randrange(1, 8)
             rounds, s = run(bundle, prompt, policy=policy, gamma=gamma, max_new_tokens=n, seed=seed,
-                            full_info=rng.random() < 0.5)
+                            full_info=rng.random() < 0.5, sleeping=rng.random() < 0.7)
             assert list(s.token_ids) == ref, (seed, policy, gamma)
             assert s.new_tokens == n == sum(len(r.emitted) for r in rounds)
             assert all(len(r.draft) <= gamma and r.accepted <= len(r.draft) for r in rounds)
@@ -112,3 +112,27 @@ def test_eos_stops_like_generate():
     for policy in ("single:tiny-lm", "single:prompt-lookup", "round-robin"):
         _, s = run(bundle, prompt, policy=policy, max_new_tokens=30)
         assert list(s.token_ids) == ref and s.token_ids[-1] == eos and s.stop_reason == "eos"
+
+
+def test_sleeping_arms_pull_prompt_lookup_only_with_a_draft():
+    """A model-free drafter with nothing to propose is asleep: the bandit pulls another arm."""
+    bundle = tiny_bundle(vocab=24, seed=4, noise=0.3)
+    prompt = [3, 9, 14, 2, 7, 3, 9, 20, 5]  # one repeat: prompt lookup matches only sometimes
+    empty = {}
+    for sleeping in (True, False):
+        rounds, s = run(bundle, prompt, drafters=["prompt-lookup", "tiny-lm"], policy="metasd-ucb",
+                        max_new_tokens=40, sleeping=sleeping)
+        assert list(s.token_ids) == target_greedy(bundle, prompt, 40)
+        assert s.config["sleeping_arms"] is sleeping
+        empty[sleeping] = sum(1 for r in rounds if r.drafter == "prompt-lookup" and not r.draft)
+    assert empty[True] == 0
+    assert empty[False] > 0  # the check has power: without sleeping arms it does pull it empty
+
+
+def test_default_arms_come_from_the_preset(offline):
+    """With no drafters named, the bandit plays the preset's default arms; single:<d> adds its own."""
+    assert "layer-skip" in offline.drafter_names and "layer-skip" not in offline.default_drafters
+    _, s = run(offline, "Hi", max_new_tokens=2)
+    assert s.config["drafters"] == offline.default_drafters
+    _, s = run(offline, "Hi", max_new_tokens=2, policy="single:layer-skip")
+    assert s.config["drafters"] == [*offline.default_drafters, "layer-skip"]

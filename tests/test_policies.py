@@ -81,3 +81,65 @@ def test_single_policy_and_unknown_names():
 def test_sequential_halving_commits_to_best():
     _, pulled = play("sequential-halving", 4000, False, seed=1)
     assert pulled[-500:].count(2) == 500
+
+
+@pytest.mark.parametrize("name", list(POLICIES))
+def test_sleeping_arms_are_never_chosen(name):
+    """With an awake mask, a policy picks only awake arms and gives asleep ones probability 0."""
+    pol = make_policy(name, ARMS, seed=7, horizon=300)
+    rng = random.Random(1)
+    for t in range(300):
+        awake = [rng.random() < 0.5 for _ in ARMS]
+        p = pol.probabilities(awake)
+        a = pol.choose(awake)
+        assert sum(p) == pytest.approx(1.0)
+        if any(awake):
+            assert awake[a], (t, awake, a)
+            assert all(p[i] == 0 for i in range(len(ARMS)) if not awake[i]), (t, awake, p)
+        r = [MEANS[i] if awake[i] or i == a else None for i in range(len(ARMS))]
+        pol.update(a, r if pol.needs_full_info else [r[i] if i == a else None for i in range(len(ARMS))])
+
+
+def test_single_drafter_plays_even_when_asleep():
+    assert make_policy("single:d1", ARMS).choose([True, False, True, True]) == 1
+
+
+def speed_plan(cost_ms: list[float], verify_ms: list[float]):
+    """The engine's round model: tokens per ms of drafting k tokens at cost_ms each, verified in verify_ms[k + 1]."""
+    def plan(i: int, alpha: float) -> tuple[float, int]:
+        best = (1.0 / verify_ms[1], 0)
+        e = run = 1.0
+        for k in range(1, len(verify_ms) - 1):
+            run *= alpha
+            e += run
+            best = max(best, (e / (k * cost_ms[i] + verify_ms[k + 1]), k))
+        return best
+    return plan
+
+
+def test_cost_aware_ucb_prefers_the_faster_round():
+    pol = make_policy("metasd-ucb-cost", ["costly", "free"])
+    for _ in range(200):  # the costly drafter agrees more often, the free one a little less
+        pol.update(0, [0.7, 0.6])
+    # Without a cost model it is MetaSD-UCB: the higher mean wins.
+    assert pol.choose() == 0 and pol.length is None
+    pol.plan = speed_plan([40.0, 0.0], [0, 50, 55, 60, 65, 70])
+    assert pol.choose() == 1 and pol.length == 4
+    # A drafter that passes rarely and costs a lot is not worth a round: a plain step (length 0).
+    pol = make_policy("metasd-ucb-cost", ["costly"])
+    for _ in range(200):
+        pol.update(0, [0.05])
+    pol.plan = speed_plan([40.0], [0, 50, 55, 60, 65, 70])
+    assert pol.choose() == 0 and pol.length == 0
+    # ... but a free one that passes as rarely still is (verifying one more id costs 10%).
+    pol.plan = speed_plan([0.0], [0, 50, 51, 52, 53, 54])
+    pol.choose()
+    assert pol.length >= 1
+
+
+def test_cost_aware_ucb_explores_an_unseen_arm_first():
+    pol = make_policy("metasd-ucb-cost", ["a", "b"])
+    pol.plan = speed_plan([0.0, 0.0], [0, 50, 55, 60])
+    assert pol.choose() == 0 and pol.length is None
+    pol.update(0, [1.0, None])
+    assert pol.choose() == 1 and pol.length is None

@@ -85,6 +85,8 @@ CASES = [
     ("single:prompt-lookup", Sampling(0.8, top_p=0.9), {}),
     # A bandit switching between all of them, with top-k warping on both p and q.
     ("uniform", Sampling(1.2, top_k=4), dict(noise=0.5)),
+    # The cost-aware bandit with sleeping arms: its choices (and plain steps) depend on timings.
+    ("metasd-ucb-cost", Sampling(1.0), dict(noise=0.5)),
 ]
 
 
