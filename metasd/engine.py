@@ -275,8 +275,11 @@ def _rounds(bundle: Bundle, prompt: str, prompt_ids: list[int], st: Settings, st
         arm = pol.choose(awake)
         drafter = arms[arm]
         k = min(caps[arm] if adaptive else st.gamma, budget)
-        if getattr(pol, "length", None) is not None:
-            k = min(k, pol.length)  # 0: a plain target step, no drafter is worth its cost now
+        if getattr(pol, "length", None) == 0:
+            # No drafter is worth its cost now: a plain target step. Otherwise the length stays the
+            # adaptive cap, which follows the drafter's recent runs (prompt lookup's drafts pass
+            # all-or-nothing, which the plan's i.i.d. alpha understates).
+            k = 0
         t1 = time.perf_counter()
         if arm in pre:
             draft = pre[arm]

@@ -103,6 +103,9 @@ def simulate(policy: str, drafters: Sequence[SynthDrafter], *, gamma: int = 4, r
     passed = rng.random((rounds, k, gamma)) < beta
     accepted = np.cumprod(passed, axis=2).sum(axis=2)  # (rounds, k): the passing prefix
     time_k = gamma * cost + 1.0
+    if hasattr(pol, "plan"):
+        # The cost-aware policy's round model here: a fixed draft length, verification costs one step.
+        pol.plan = lambda i, a: (expected_tokens(a, gamma) / time_k[i], gamma)
     if reward == "bd":
         rew = beta.mean(axis=2)
     elif reward == "be":
