@@ -315,7 +315,7 @@ def write_card(path: str | Path, eval_dir: str | Path | None = None) -> Path:
         f"the target's top-{info.get('topk')} log-probabilities at each (kept from generation, {info.get('data_seconds')} s)",
         "", "## Training", "",
         f"- {info.get('steps')} AdamW steps, batch {info.get('batch_size')} sequences, lr {info.get('lr')} "
-        f"(warm-up, cosine), {info.get('train_seconds')} s on a shared 2-core CPU",
+        f"(warm-up, cosine), {info.get('train_seconds')} s on a 2-core CPU",
         f"- soft cross-entropy to the target's renormalised top-k: first {info.get('first_loss')}, "
         f"final {info.get('final_loss')} (train top-1 agreement {info.get('final_train_agreement')})",
         f"- held-out ({info.get('eval_sequences')} unseen prompts of the domain) top-1 agreement with the target: "
@@ -329,7 +329,7 @@ def write_card(path: str | Path, eval_dir: str | Path | None = None) -> Path:
         if name in costs:
             lines += ["## Cost", "",
                       f"- c = drafter step / target step = **{costs[name]:.3f}** ({costs.get(f'_{name}_ms', 0):.1f} ms vs "
-                      f"{costs.get('_target_ms', 0):.1f} ms at 200 tokens of context, interleaved, shared CPU)", ""]
+                      f"{costs.get('_target_ms', 0):.1f} ms at 200 tokens of context, interleaved)", ""]
         if mine:
             n_cat = max(sum(1 for r in mine if r["category"] == c) for c in {r["category"] for r in mine})
             lines += ["## Spec-Bench, this drafter alone (greedy, single:" + name + ")", "",
