@@ -165,7 +165,9 @@ def generate(bundle: Bundle, prompt: str | list[int], *, drafters: Any = None, p
     round with the live state (tests use it to check the KV caches against a fresh prefill).
     `free_feedback` scores the model-free drafters on every verified chunk even when they were not
     pulled (it costs microseconds). `adaptive` lets each drafter's draft length move between 1 and
-    gamma with its recent acceptance. Neither changes the output, only how fast it comes.
+    gamma with its recent acceptance. `sleeping` lets the model-free drafters draft before the
+    policy chooses, and the policy choose only among drafters with something to propose. None of
+    the three changes the output, only how fast it comes.
     """
     st = validate_settings(bundle.drafter_names, drafters, policy, reward,
                            bundle.preset.gamma if gamma is None else gamma, max_new_tokens,
@@ -231,22 +233,24 @@ def _rounds(bundle: Bundle, prompt: str, prompt_ids: list[int], st: Settings, st
     budget = st.max_new_tokens - 1
     pre: dict[int, Draft] = {}
 
+    def length(i: int) -> int:
+        """Arm i's draft length this round: its adaptive cap, never past the token budget."""
+        return min(caps[i] if adaptive else st.gamma, budget)
+
     def plan(i: int, alpha: float) -> tuple[float, int]:
         """Expected tokens per ms of a round with arm i, if each drafted position passes with
         probability alpha, and the draft length that maximises it (0: a plain target step)."""
-        kmax = min(caps[i] if adaptive else st.gamma, budget)
-        if i in pre:
-            kmax = min(kmax, len(pre[i].tokens))
+        kmax = min(length(i), len(pre[i].tokens)) if i in pre else length(i)
         d_ms = arms[i].ms_per_token
         best_v, best_k = 1.0 / verify_cost(1), 0
-        e, run = 0.0, 1.0
         for kk in range(1, kmax + 1):
-            run *= alpha
-            e += run
-            v = (1.0 + e) / (kk * d_ms + verify_cost(kk + 1))
+            v = (1.0 + _expected_accepted([alpha] * kk)) / (kk * d_ms + verify_cost(kk + 1))
             if v > best_v:
                 best_v, best_k = v, kk
         return best_v, best_k
+
+    if hasattr(pol, "plan"):
+        pol.plan = plan  # the cost-aware policy reads rounds through the engine's cost model (live state)
 
     while new_tokens < st.max_new_tokens:
         if _stopped(stop):
@@ -264,17 +268,15 @@ def _rounds(bundle: Bundle, prompt: str, prompt_ids: list[int], st: Settings, st
         if sleeping:
             for i, d in enumerate(arms):
                 if d.model_free:
-                    ki = min(caps[i] if adaptive else st.gamma, budget)
+                    ki = length(i)
                     pre[i] = d.propose(ids, ki, s, g_draft) if ki > 0 else Draft([], None)
             awake = [bool(pre[i].tokens) if i in pre else True for i in range(len(arms))]
         t0 = time.perf_counter()
         pre_s = t0 - t_pre
-        if hasattr(pol, "plan"):
-            pol.plan = plan  # the cost-aware policy reads rounds through the engine's cost model
         probs = pol.probabilities(awake)
         arm = pol.choose(awake)
         drafter = arms[arm]
-        k = min(caps[arm] if adaptive else st.gamma, budget)
+        k = length(arm)
         if getattr(pol, "length", None) == 0:
             # No drafter is worth its cost now: a plain target step. Otherwise the length stays the
             # adaptive cap, which follows the drafter's recent runs (prompt lookup's drafts pass
