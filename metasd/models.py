@@ -181,6 +181,7 @@ class Bundle:
 
 DRAFTERS_DIR = Path(__file__).resolve().parent.parent / "assets" / "drafters"
 DISTILLED_FORMAT = "metasd-distilled-1"
+DRAFT_VOCAB = "draft_vocab"  # optional int64 tensor of token ids in a drafter file (see DraftHead)
 
 
 def distilled_path(spec: DrafterSpec) -> Path:
@@ -211,11 +212,48 @@ def drafter_config_json(config: LlamaConfig) -> str:
     return json.dumps(d, sort_keys=True)
 
 
-def build_distilled(target: PreTrainedModel, config: LlamaConfig) -> LlamaForCausalLM:
+class DraftHead(torch.nn.Module):
+    """The target's LM head restricted to a draft vocabulary (as in FR-Spec / EAGLE-3).
+
+    A one-layer drafter's full head (576 x 49152 for SmolLM2) costs about twice its decoder layer,
+    yet the tokens such a drafter gets right are frequent ones: on Spec-Bench its greedy agreement
+    with the target is the same with the 4096 most frequent ids as with all of them. So the head
+    multiplies by those rows only (a copy of the target's rows, never trained) and returns logits
+    over the full id space with -inf elsewhere: q = 0 off the draft vocabulary, which speculative
+    sampling handles exactly, so nothing about losslessness changes.
+    """
+
+    def __init__(self, head: torch.nn.Module, ids: torch.Tensor) -> None:
+        super().__init__()
+        full = head.weight
+        ids = torch.as_tensor(ids, dtype=torch.long).to(full.device).unique(sorted=True)
+        if ids.numel() == 0 or int(ids[0]) < 0 or int(ids[-1]) >= full.shape[0]:
+            raise ValueError(f"draft vocabulary ids must lie in [0, {full.shape[0]})")
+        self.vocab_size = full.shape[0]
+        self.register_buffer("ids", ids, persistent=False)
+        self.weight = torch.nn.Parameter(full.detach()[ids].clone(), requires_grad=False)
+        # full id -> row of self.weight (or -1): lets training map the target's labels onto it.
+        local = torch.full((self.vocab_size,), -1, dtype=torch.long, device=full.device)
+        local[ids] = torch.arange(ids.numel(), device=full.device)
+        self.register_buffer("local", local, persistent=False)
+
+    def reduced(self, hidden: torch.Tensor) -> torch.Tensor:
+        """Logits over the draft vocabulary only, in the order of self.ids."""
+        return torch.nn.functional.linear(hidden, self.weight)
+
+    def forward(self, hidden: torch.Tensor) -> torch.Tensor:
+        small = self.reduced(hidden)
+        out = small.new_full((*small.shape[:-1], self.vocab_size), float("-inf"))
+        return out.index_copy_(-1, self.ids, small)
+
+
+def build_distilled(target: PreTrainedModel, config: LlamaConfig, draft_vocab: torch.Tensor | None = None
+                    ) -> LlamaForCausalLM:
     """A Llama with `config` whose embed_tokens and lm_head ARE the target's modules (shared memory).
 
     Built with a one-row vocabulary so that no throwaway table is allocated, then pointed at the
-    target's embedding and head; only the decoder layers and the final norm are its own.
+    target's embedding and head; only the decoder layers and the final norm are its own. With
+    `draft_vocab` (token ids) the head is the target's restricted to those ids (DraftHead).
     """
     if config.hidden_size != target.config.hidden_size:
         raise ValueError(f"a distilled drafter must have the target's width {target.config.hidden_size}")
@@ -223,21 +261,23 @@ def build_distilled(target: PreTrainedModel, config: LlamaConfig) -> LlamaForCau
     small.vocab_size, small.pad_token_id = 1, None
     model = LlamaForCausalLM(small)
     model.model.embed_tokens = target.get_input_embeddings()
-    model.lm_head = target.get_output_embeddings()
+    head = target.get_output_embeddings()
+    model.lm_head = head if draft_vocab is None else DraftHead(head, draft_vocab)
     small.vocab_size, small.pad_token_id = config.vocab_size, config.pad_token_id
     return model
 
 
 def load_distilled(path: str | Path, target: PreTrainedModel, device: torch.device, dtype: torch.dtype
                    ) -> LlamaForCausalLM:
-    """Load a distilled drafter's own weights (fp16 on disk) and attach the target's embedding and head."""
+    """Load a distilled drafter's own weights (fp16 on disk) and attach the target's embedding and head
+    (restricted to the file's `draft_vocab` ids where it has them)."""
     with safe_open(str(path), framework="pt") as f:
         meta = f.metadata() or {}
         if meta.get("format") != DISTILLED_FORMAT:
             raise ValueError(f"{path} is not a MetaSD distilled drafter (format {meta.get('format')!r})")
         tensors = {k: f.get_tensor(k) for k in f.keys()}  # noqa: SIM118 (safe_open has no __iter__)
     config = LlamaConfig.from_dict(json.loads(meta["config"]))
-    model = build_distilled(target, config)
+    model = build_distilled(target, config, tensors.pop(DRAFT_VOCAB, None))
     own = {k: v.to(dtype) for k, v in tensors.items()}
     missing, unexpected = model.load_state_dict(own, strict=False)
     wanted = {k for k in model.state_dict() if k.startswith(("model.layers.", "model.norm."))}

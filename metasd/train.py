@@ -36,7 +36,15 @@ from safetensors.torch import save_file
 from tqdm import tqdm
 from transformers import LlamaForCausalLM, PreTrainedModel
 
-from metasd.models import DISTILLED_FORMAT, build_distilled, distilled_config, drafter_config_json, load_distilled
+from metasd.models import (
+    DISTILLED_FORMAT,
+    DRAFT_VOCAB,
+    DraftHead,
+    build_distilled,
+    distilled_config,
+    drafter_config_json,
+    load_distilled,
+)
 
 
 @dataclass
@@ -120,10 +128,32 @@ def text_examples(target: PreTrainedModel, sequences: list[list[int]], batch_siz
     return out
 
 
-def make_drafter(target: PreTrainedModel, layers: int = 1, init_layer: int = 0) -> LlamaForCausalLM:
-    """A fresh drafter sharing the target's embedding and head, its layers copied from the target's
-    layers init_layer, init_layer + 1, ... and its final norm from the target's."""
-    drafter = build_distilled(target, distilled_config(target.config, layers))
+def draft_vocabulary(examples: list[Example], size: int, vocab_size: int) -> torch.Tensor:
+    """The `size` ids a drafter's head keeps (DraftHead): the domain's most likely next tokens.
+
+    Ranked by their expected count under the target on the training data (the sum of its top-k
+    probabilities over every labelled position), then filled up in id order: a BPE tokenizer
+    numbers its merges by frequency in its own training corpus, so low ids are common tokens.
+    """
+    size = min(size, vocab_size)
+    mass = torch.zeros(vocab_size)
+    for e in examples:
+        mass.index_add_(0, e.top_ids.reshape(-1), e.top_logp.exp().reshape(-1))
+    seen = int((mass > 0).sum())
+    ranked = mass.argsort(descending=True, stable=True)[: min(seen, size)]
+    chosen = torch.zeros(vocab_size, dtype=torch.bool)
+    chosen[ranked] = True
+    fill = (~chosen).nonzero().view(-1)[: size - ranked.numel()]
+    chosen[fill] = True
+    return chosen.nonzero().view(-1)
+
+
+def make_drafter(target: PreTrainedModel, layers: int = 1, init_layer: int = 0,
+                 draft_vocab: torch.Tensor | None = None) -> LlamaForCausalLM:
+    """A fresh drafter sharing the target's embedding and head (restricted to `draft_vocab` where
+    given), its layers copied from the target's layers init_layer, init_layer + 1, ... and its
+    final norm from the target's."""
+    drafter = build_distilled(target, distilled_config(target.config, layers), draft_vocab)
     src = target.model.layers
     with torch.no_grad():
         for j, layer in enumerate(drafter.model.layers):
@@ -162,10 +192,22 @@ def distill_loss(drafter: PreTrainedModel, examples: list[Example], max_len: int
     inp, where, tids, tlps = _batch(examples, max_len)
     hidden = drafter.model(input_ids=inp.to(dev)).last_hidden_state
     h = hidden[where[0].to(dev), where[1].to(dev)]  # only labelled positions go through the big head
-    logq = torch.log_softmax(drafter.lm_head(h).float(), dim=-1)
-    tids, p = tids.to(dev), torch.softmax(tlps.to(dev), dim=-1)
-    loss = -(p * logq.gather(1, tids)).sum(-1).mean()
-    agree = (logq.argmax(-1) == tids[:, 0]).float()
+    tids, tlps = tids.to(dev), tlps.to(dev)
+    head = drafter.lm_head
+    if isinstance(head, DraftHead):
+        # Softmax over the draft vocabulary; labels outside it are dropped (the drafter can never
+        # propose them) and the target's remaining top-k is renormalised.
+        logq = torch.log_softmax(head.reduced(h).float(), dim=-1)
+        local = head.local[tids]
+        tlps = tlps.masked_fill(local < 0, float("-inf"))
+        guess = head.ids[logq.argmax(-1)]
+    else:
+        logq = torch.log_softmax(head(h).float(), dim=-1)
+        local = tids
+        guess = logq.argmax(-1)
+    p = torch.softmax(tlps, dim=-1).nan_to_num(0.0)  # a row with no label in the vocabulary weighs 0
+    loss = -(p * logq.gather(1, local.clamp(min=0))).sum(-1).mean()
+    agree = (guess == tids[:, 0]).float()
     return loss, agree
 
 
@@ -188,6 +230,7 @@ def train(drafter: PreTrainedModel, examples: list[Example], steps: int, batch_s
           warmup: int = 20, max_len: int = 512, seed: int = 0, desc: str = "distil") -> dict:
     """AdamW on the drafter's own weights only; the shared embedding and head stay frozen."""
     params = [p for n, p in drafter.named_parameters() if n.startswith(("model.layers.", "model.norm."))]
+    # The head (the target's, or a DraftHead's copy of its rows) is never trained.
     shared = {id(drafter.get_input_embeddings().weight), id(drafter.get_output_embeddings().weight)}
     for n, p in drafter.named_parameters():
         p.requires_grad_(id(p) not in shared and n.startswith(("model.layers.", "model.norm.")))
@@ -233,6 +276,8 @@ def save_drafter(drafter: PreTrainedModel, path: str | Path, info: dict) -> str:
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     tensors = {k: v.detach().to(torch.float16).contiguous() for k, v in own_parameters(drafter).items()}
+    if isinstance(drafter.lm_head, DraftHead):
+        tensors[DRAFT_VOCAB] = drafter.lm_head.ids.detach().cpu().to(torch.int64).contiguous()
     meta = {"format": DISTILLED_FORMAT, "config": drafter_config_json(drafter.config),
             "info": json.dumps(info, sort_keys=True)}
     save_file(tensors, str(path), metadata=meta)
@@ -295,7 +340,8 @@ def write_card(path: str | Path, eval_dir: str | Path | None = None) -> Path:
     from safetensors import safe_open
 
     with safe_open(str(path), framework="pt") as f:
-        params = sum(math.prod(f.get_slice(k).get_shape()) for k in f.keys())  # noqa: SIM118
+        names = set(f.keys())  # noqa: SIM118
+        params = sum(math.prod(f.get_slice(k).get_shape()) for k in names if k != DRAFT_VOCAB)
     lines = [
         f"# {name}", "",
         f"A one-layer Llama drafter distilled from {info.get('target', 'the offline target')} for the "
@@ -305,7 +351,10 @@ def write_card(path: str | Path, eval_dir: str | Path | None = None) -> Path:
         "## File", "",
         f"- `{path.name}`: {len(data):,} bytes, sha256 `{sha}`",
         f"- {params:,} parameters, stored in fp16, loaded in fp32 on the CPU",
-        f"- initialised from the target's layer {info.get('init_layer')}", "",
+        f"- initialised from the target's layer {info.get('init_layer')}",
+        (f"- draft vocabulary: {info['draft_vocab']:,} token ids (stored as `{DRAFT_VOCAB}`), the ones the target "
+         "used most on the training data; the head is the target's, restricted to those rows"
+         if info.get("draft_vocab") and DRAFT_VOCAB in names else "- head: the target's full LM head"), "",
         "## Data", "",
         f"- {info.get('prompts')} templated {info.get('domain')} prompts (metasd/train_data.py, seed {info.get('seed')}; "
         "none is a Spec-Bench prompt), answered greedily by the target through its chat template, "
@@ -365,6 +414,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--steps", type=int, default=600)
     ap.add_argument("--batch-size", type=int, default=8)
     ap.add_argument("--lr", type=float, default=1e-3)
+    ap.add_argument("--draft-vocab", type=int, default=4096,
+                    help="ids the drafter's head keeps, ranked by the target's use of them on the data (0: all)")
     ap.add_argument("--layers", type=int, default=1)
     ap.add_argument("--init-layer", type=int, default=0)
     ap.add_argument("--seed", type=int, default=0)
@@ -404,12 +455,14 @@ def main(argv: list[str] | None = None) -> int:
     print(f"[train] {len(train_ex)} training sequences, {labels} labelled tokens ({gen_s:.0f} s of target time)",
           file=sys.stderr)
 
-    drafter = make_drafter(target, a.layers, a.init_layer)
+    vocab = draft_vocabulary(train_ex, a.draft_vocab, bundle.target_vocab) if a.draft_vocab > 0 else None
+    drafter = make_drafter(target, a.layers, a.init_layer, vocab)
     before = agreement(drafter, eval_ex)
     stats = train(drafter, train_ex, a.steps, a.batch_size, a.lr, seed=a.seed, desc=f"{a.domain}: distil")
     info = {"domain": a.domain, "target": bundle.preset.target, "init_layer": a.init_layer,
             "train_sequences": len(train_ex), "train_labels": labels, "prompts": a.prompts,
-            "text_chunks": chunks, "max_new_tokens": a.max_new_tokens, "topk": a.topk, "seed": a.seed,
+            "text_chunks": chunks, "max_new_tokens": a.max_new_tokens,
+            "draft_vocab": int(vocab.numel()) if vocab is not None else bundle.target_vocab, "topk": a.topk, "seed": a.seed,
             "data_seconds": round(gen_s, 1), **stats,
             "eval_sequences": len(eval_ex), "eval_loss_before": round(before[0], 4),
             "eval_agreement_before": round(before[1], 4)}

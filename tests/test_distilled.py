@@ -13,9 +13,18 @@ from safetensors import safe_open
 
 from metasd import run, target_greedy
 from metasd.engine import encode_prompt
-from metasd.models import Bundle, distilled_path, drafter_config_json, load_distilled
+from metasd.models import DRAFT_VOCAB, Bundle, DraftHead, distilled_path, drafter_config_json, load_distilled
 from metasd.presets import DrafterSpec, Preset, get_preset
-from metasd.train import agreement, answer_examples, make_drafter, own_parameters, save_drafter, text_examples, train
+from metasd.train import (
+    agreement,
+    answer_examples,
+    draft_vocabulary,
+    make_drafter,
+    own_parameters,
+    save_drafter,
+    text_examples,
+    train,
+)
 from metasd.train_data import DOMAINS, benchmark_prompts, domain_prompts
 from tests.tiny import tiny_llama
 
@@ -24,8 +33,12 @@ DISTILLED = [d for d in get_preset("offline").drafters if d.kind == "distilled"]
 
 
 def _shares(drafter, target) -> bool:
-    return (drafter.get_input_embeddings().weight.data_ptr() == target.get_input_embeddings().weight.data_ptr()
-            and drafter.get_output_embeddings().weight.data_ptr() == target.get_output_embeddings().weight.data_ptr())
+    """The drafter reads the target's embedding table and writes through its head (or the head's
+    rows for its draft vocabulary, copied and never trained)."""
+    head, full = drafter.get_output_embeddings(), target.get_output_embeddings().weight
+    same_head = (torch.equal(head.weight, full[head.ids]) if isinstance(head, DraftHead)
+                 else head.weight.data_ptr() == full.data_ptr())
+    return drafter.get_input_embeddings().weight.data_ptr() == target.get_input_embeddings().weight.data_ptr() and same_head
 
 
 # ---------------------------------------------------------------------------------------------
@@ -79,6 +92,52 @@ def test_train_few_steps_on_tiny_model(tmp_path):
     for p in prompts[:3]:
         _, s = run(bundle, p, policy="single:tiny-distilled", max_new_tokens=20)
         assert list(s.token_ids) == target_greedy(bundle, p, 20)
+
+
+def test_draft_vocabulary_head_trains_saves_and_drafts_losslessly(tmp_path):
+    torch.manual_seed(0)
+    target = tiny_llama(vocab=48, layers=3, hidden=32, seed=5, scale=4.0)
+    gen = torch.Generator().manual_seed(1)
+    prompts = [torch.randint(1, 48, (n,), generator=gen).tolist() for n in (6, 9, 7, 11)]
+    ex = answer_examples(target, prompts, max_new_tokens=12, eos_ids=set(), pad_id=0, batch_size=4, topk=8)
+
+    # Ranked by the target's probability mass on the data, then filled up with the lowest ids.
+    vocab = draft_vocabulary(ex, 20, 48)
+    assert vocab.tolist() == sorted(set(vocab.tolist())) and len(vocab) == 20
+    mass = torch.zeros(48)
+    for e in ex:
+        mass.index_add_(0, e.top_ids.reshape(-1), e.top_logp.exp().reshape(-1))
+    assert set(mass.argsort(descending=True)[:5].tolist()) <= set(vocab.tolist())
+    assert draft_vocabulary(ex, 100, 48).tolist() == list(range(48))
+
+    drafter = make_drafter(target, layers=1, init_layer=0, draft_vocab=vocab)
+    head = drafter.lm_head
+    assert isinstance(head, DraftHead) and torch.equal(head.weight, target.lm_head.weight[vocab])
+    before = agreement(drafter, ex)
+    train(drafter, ex, steps=20, batch_size=4, lr=3e-3, warmup=3)
+    assert agreement(drafter, ex)[0] < before[0]
+    assert torch.equal(head.weight, target.lm_head.weight[vocab]), "the head's rows must stay the target's"
+
+    path = tmp_path / "vocab-drafter.safetensors"
+    save_drafter(drafter, path, {"domain": "test", "draft_vocab": 20})
+    with safe_open(str(path), framework="pt") as f:
+        assert torch.equal(f.get_tensor(DRAFT_VOCAB), vocab)
+    loaded = load_distilled(path, target, torch.device("cpu"), torch.float32)
+    assert torch.equal(loaded.lm_head.ids, vocab)
+    with torch.no_grad():
+        logits = loaded(torch.tensor([prompts[0]])).logits[0]
+    outside = torch.ones(48, dtype=torch.bool)
+    outside[vocab] = False
+    assert torch.isinf(logits[:, outside]).all() and torch.isfinite(logits[:, vocab]).all()
+
+    spec = DrafterSpec("tiny-distilled", "distilled", "test")
+    bundle = Bundle(Preset("tiny", "t", "tiny", (spec,), gamma=4), target, None, {spec.name: spec},
+                    {spec.name: loaded})
+    for p in prompts:
+        rounds, s = run(bundle, p, policy="single:tiny-distilled", max_new_tokens=24)
+        assert list(s.token_ids) == target_greedy(bundle, p, 24)
+        assert all(t in set(vocab.tolist()) for r in rounds for t in r.draft)
+        assert sum(r.accepted for r in rounds) > 0
 
 
 # ---------------------------------------------------------------------------------------------

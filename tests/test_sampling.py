@@ -80,6 +80,8 @@ def sample_counts(bundle, prompt, policy: str, s: Sampling, gamma: int = 2) -> d
 CASES = [
     # A model drafter whose vocabulary is smaller: q = 0 on ids where p > 0.
     ("single:tiny-lm", Sampling(1.0), dict(noise=0.8, drafter_vocab=5)),
+    # A distilled drafter whose head keeps ids 0, 1, 2, 4 only: q = 0 inside the vocabulary too.
+    ("single:tiny-distilled", Sampling(1.0), dict(draft_vocab=(0, 1, 2, 4))),
     # Deterministic drafters (q = one-hot of the draft).
     ("single:token-recycling", Sampling(1.0), {}),
     ("single:prompt-lookup", Sampling(0.8, top_p=0.9), {}),
@@ -98,10 +100,10 @@ def test_output_distribution_equals_target(policy, s, kw):
     counts = sample_counts(bundle, prompt, policy, s)
     p = chi_square_p(counts, target_p, SAMPLES)
     assert p > 1e-3, f"{policy}: output distribution differs from the target's (chi-square p={p:.2e})"
-    if policy == "single:tiny-lm":
+    if policy in ("single:tiny-lm", "single:tiny-distilled"):
         # The test has power: the same counts are clearly not the drafter's own distribution.
         # (The drafter cannot even produce id 5, which the output contains.)
-        drafter_p = exact_joint(bundle.models["tiny-lm"], prompt, s)
+        drafter_p = exact_joint(bundle.models[policy.removeprefix("single:")], prompt, s)
         assert impossible(counts, drafter_p)
 
 

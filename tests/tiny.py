@@ -42,8 +42,12 @@ def perturbed(model: LlamaForCausalLM, noise: float, seed: int = 1, vocab: int |
 
 def tiny_bundle(vocab: int = 32, seed: int = 0, noise: float = 0.3, drafter_vocab: int | None = None,
                 tokenizer_vocab: int | None = None, scale: float = 1.0, tokenizer=None, layers: int = 2,
-                hidden: int = 32) -> Bundle:
-    """A bundle with every drafter kind: prompt lookup, token recycling, layer skip and a model drafter."""
+                hidden: int = 32, draft_vocab: tuple[int, ...] | None = None) -> Bundle:
+    """A bundle with every drafter kind: prompt lookup, token recycling, layer skip and a model drafter.
+
+    With `draft_vocab`, also "tiny-distilled": a one-layer drafter on the target's embedding and
+    head restricted to those ids (a DraftHead, as the offline preset's distilled drafters have).
+    """
     target = tiny_llama(vocab, layers=layers, hidden=hidden, seed=seed, scale=scale)
     specs = [
         PROMPT_LOOKUP,
@@ -54,5 +58,11 @@ def tiny_bundle(vocab: int = 32, seed: int = 0, noise: float = 0.3, drafter_voca
     preset = Preset("tiny", "tiny random models (tests)", "tiny", tuple(specs), gamma=4)
     models = build_drafter_models(target, specs[:3], torch.device("cpu"), torch.float32, progress=lambda m: None)
     models["tiny-lm"] = perturbed(target, noise, seed=seed + 1, vocab=drafter_vocab)
+    if draft_vocab is not None:
+        from metasd.train import make_drafter
+
+        specs.append(DrafterSpec("tiny-distilled", "distilled", "the target's first layer on a draft vocabulary"))
+        preset = Preset("tiny", "tiny random models (tests)", "tiny", tuple(specs), gamma=4)
+        models["tiny-distilled"] = make_drafter(target, 1, 0, torch.tensor(draft_vocab)).eval()
     return Bundle(preset, target, tokenizer, {s.name: s for s in specs}, models,
                   tokenizer_vocab=tokenizer_vocab or 0)
