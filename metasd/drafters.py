@@ -203,14 +203,21 @@ class ModelDrafter(Drafter):
     The cache catches up lazily: when the drafter is chosen again after other drafters were
     active, it is cropped to the longest prefix it shares with the context and only the
     missing tokens are fed, in one forward call.
+
+    With a `window`, the drafter reads at most that many tokens it has not seen: a cold cache (the
+    first pull, or a catch-up longer than the window) starts afresh at the window's first token,
+    at its true position. A one-layer distilled drafter predicts as well from the last 32-64
+    tokens as from the whole context (measured on Spec-Bench answers), while prefilling a
+    770-token RAG prompt cost it ~40 ms, about one target step, per request and drafter.
     """
 
     deterministic = False
 
     def __init__(self, name: str, model: PreTrainedModel, target_vocab: int, tokenizer_vocab: int,
-                 min_confidence: float = 0.3) -> None:
+                 min_confidence: float = 0.3, window: int = 0) -> None:
         super().__init__(name)
         self.model = model
+        self.window = window  # 0: always the whole context
         # Stop drafting when the drafter's own top probability falls below this (after the
         # first token): unlikely tokens are rarely accepted and each costs a drafter step.
         self.min_confidence = min_confidence
@@ -222,6 +229,7 @@ class ModelDrafter(Drafter):
     def reset(self, prompt_ids: list[int]) -> None:
         self.cache = DynamicCache(config=self.model.config)
         self.cached: list[int] = []  # the token ids whose keys/values are in self.cache
+        self.offset = 0  # ...which are ids[offset : offset + len(cached)] (0 unless windowed)
 
     def adopt(self, target_cache: DynamicCache, ids: list[int]) -> None:
         """Take over the target's keys and values for the layers this drafter shares with it.
@@ -236,10 +244,11 @@ class ModelDrafter(Drafter):
             cache.layers[i] = copy.copy(target_cache.layers[i])
         self.cache = cache
         self.cached = list(ids[: target_cache.get_seq_length()])
+        self.offset = 0
 
     def _forward(self, tokens: list[int] | torch.Tensor, logits_to_keep: int = 1) -> torch.Tensor:
         """Feed tokens after the cached ones; the caller records them in self.cached."""
-        start = self.cache.get_seq_length()
+        start = self.offset + self.cache.get_seq_length()
         inp = torch.as_tensor(tokens, device=self.device).view(1, -1)
         if self.model_vocab < self.target_vocab:
             # Ids beyond this drafter's table are padding rows a real tokenizer never produces;
@@ -251,21 +260,26 @@ class ModelDrafter(Drafter):
         return fit_vocab(out.logits[0], self.target_vocab, self.tokenizer_vocab)
 
     def _sync(self, ids: list[int], upto: int, feed_from: int, keep: int = 1) -> torch.Tensor:
-        """Make the cache hold ids[:upto], feeding at least ids[feed_from:upto].
+        """Make the cache hold ids[offset:upto], feeding at least ids[feed_from:upto].
 
         Returns the logits after the last `keep` fed tokens. Crops to the prefix the cache shares
-        with `ids` (cheap), so only what is missing is computed; after a long idle spell the
-        catch-up runs the drafter's layers over every missed token but its LM head (most of a
-        small drafter's cost: 576 x 49152 here) only over the rows asked for.
+        with `ids` (cheap), so only what is missing is computed; after an idle spell the catch-up
+        runs the drafter's layers over every missed token (at most `window` of them when it has
+        one) but its LM head only over the rows asked for.
         """
+        o = self.offset
         c = 0
-        limit = min(len(self.cached), feed_from)
-        while c < limit and self.cached[c] == ids[c]:
+        limit = min(len(self.cached), feed_from - o)
+        while c < limit and self.cached[c] == ids[o + c]:
             c += 1
+        if self.window and (upto - (o + c) > self.window or feed_from < o):
+            # Cheaper to start afresh on the last `window` tokens than to feed everything missed.
+            self.reset([])
+            c, self.offset = 0, max(0, min(feed_from, upto - self.window))
         if c < len(self.cached):
             crop_to(self.cache, c)
             del self.cached[c:]
-        missing = ids[c:upto]
+        missing = ids[self.offset + c : upto]
         logits = self._forward(missing, logits_to_keep=min(keep, len(missing)))
         self.cached.extend(missing)
         return logits

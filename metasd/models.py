@@ -175,7 +175,8 @@ class Bundle:
                 out.append(LayerSkipDrafter(name, self.models[name], list(spec.layers), self.target_vocab,
                                             self.tokenizer_vocab))
             else:
-                out.append(ModelDrafter(name, self.models[name], self.target_vocab, self.tokenizer_vocab))
+                out.append(ModelDrafter(name, self.models[name], self.target_vocab, self.tokenizer_vocab,
+                                        window=spec.window))
         return out
 
 

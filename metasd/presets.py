@@ -23,6 +23,8 @@ class DrafterSpec:
     # For kind "distilled": the drafter's own layers (safetensors, relative to the repository);
     # None means assets/drafters/<name>.safetensors. It shares the target's embedding and head.
     weights: str | None = None
+    # Model drafters: the most context tokens one reads at once (first pull, long catch-up); 0: all.
+    window: int = 0
 
 
 @dataclass(frozen=True)
@@ -57,10 +59,16 @@ TOKEN_RECYCLING = DrafterSpec(
 # One-layer drafters distilled from the offline target per domain (python -m metasd.train); their
 # weights ship in assets/drafters/<name>.safetensors (model card beside each) and they read the
 # target's own embedding table and LM head. A missing file leaves the drafter out of the preset.
+# They read a 64-token window: as accurate as the whole context on Spec-Bench (ModelDrafter), and
+# a long prompt no longer costs each of them a prefill of about one target step.
+DISTILLED_WINDOW = 64
 DISTILLED_DRAFTERS = (
-    DrafterSpec("code-drafter", "distilled", "one layer distilled from the target on its answers to code prompts"),
-    DrafterSpec("math-drafter", "distilled", "one layer distilled from the target on its answers to math word problems"),
-    DrafterSpec("chat-drafter", "distilled", "one layer distilled from the target on its answers to chat and QA prompts"),
+    DrafterSpec("code-drafter", "distilled", "one layer distilled from the target on its answers to code prompts",
+                window=DISTILLED_WINDOW),
+    DrafterSpec("math-drafter", "distilled", "one layer distilled from the target on its answers to math word problems",
+                window=DISTILLED_WINDOW),
+    DrafterSpec("chat-drafter", "distilled", "one layer distilled from the target on its answers to chat and QA prompts",
+                window=DISTILLED_WINDOW),
 )
 
 PRESETS: dict[str, Preset] = {

@@ -3,15 +3,17 @@
     python -m metasd.train --domain math --out assets/drafters/math-drafter.safetensors
 
 A drafter is a one-layer Llama decoder of the target's width: it reads the target's frozen
-embedding table and writes through the target's frozen LM head, so only its own layer and final
-norm are trained and shipped (about 7 MB in fp16). It starts as a copy of one of the target's
-layers (`--init-layer`) and learns the target's next-token distributions on the target's own
-answers to templated prompts of its domain (on-policy distillation, metasd/train_data.py):
+embedding table and writes through the target's frozen LM head restricted to a draft vocabulary
+(`--draft-vocab`, the 4096 ids the target uses most on the domain's data: the full head would
+cost twice the layer), so only its own layer and final norm are trained and shipped (about 7 MB
+in fp16, plus the vocabulary's ids). It starts as a copy of one of the target's layers
+(`--init-layer`) and learns the target's next-token distributions on the target's own answers
+to templated prompts of its domain (on-policy distillation, metasd/train_data.py):
 
 1. data: the target answers the prompts greedily, batched, through the chat template; the logits
    it computed for every answer token are kept as soft labels (top-k log-probabilities);
-2. training: soft cross-entropy from those top-k distributions to the drafter's softmax
-   (= KL to the target's top-k renormalised, up to a constant), AdamW, cosine schedule;
+2. training: soft cross-entropy from those top-k distributions (renormalised over the draft
+   vocabulary) to the drafter's softmax over the draft vocabulary, AdamW, cosine schedule;
 3. the drafter is scored by top-1 agreement with the target on held-out answers, after a
    round trip through the fp16 file it is saved to.
 
@@ -346,8 +348,8 @@ def write_card(path: str | Path, eval_dir: str | Path | None = None) -> Path:
         f"# {name}", "",
         f"A one-layer Llama drafter distilled from {info.get('target', 'the offline target')} for the "
         f"**{info.get('domain', '?')}** domain (MetaSD Studio, offline preset). It reads the target's frozen "
-        "embedding table and LM head (shared in memory at load time); only its decoder layer and final norm "
-        "are stored here.", "",
+        "embedding table and LM head (taken from the target at load time, the head restricted to the draft "
+        "vocabulary below); only its decoder layer and final norm, and the vocabulary's ids, are stored here.", "",
         "## File", "",
         f"- `{path.name}`: {len(data):,} bytes, sha256 `{sha}`",
         f"- {params:,} parameters, stored in fp16, loaded in fp32 on the CPU",
@@ -413,7 +415,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--topk", type=int, default=16)
     ap.add_argument("--steps", type=int, default=600)
     ap.add_argument("--batch-size", type=int, default=8)
-    ap.add_argument("--lr", type=float, default=1e-3)
+    ap.add_argument("--lr", type=float, default=1.5e-3)
     ap.add_argument("--draft-vocab", type=int, default=4096,
                     help="ids the drafter's head keeps, ranked by the target's use of them on the data (0: all)")
     ap.add_argument("--layers", type=int, default=1)

@@ -42,7 +42,7 @@ def perturbed(model: LlamaForCausalLM, noise: float, seed: int = 1, vocab: int |
 
 def tiny_bundle(vocab: int = 32, seed: int = 0, noise: float = 0.3, drafter_vocab: int | None = None,
                 tokenizer_vocab: int | None = None, scale: float = 1.0, tokenizer=None, layers: int = 2,
-                hidden: int = 32, draft_vocab: tuple[int, ...] | None = None) -> Bundle:
+                hidden: int = 32, draft_vocab: tuple[int, ...] | None = None, window: int = 0) -> Bundle:
     """A bundle with every drafter kind: prompt lookup, token recycling, layer skip and a model drafter.
 
     With `draft_vocab`, also "tiny-distilled": a one-layer drafter on the target's embedding and
@@ -53,7 +53,7 @@ def tiny_bundle(vocab: int = 32, seed: int = 0, noise: float = 0.3, drafter_voca
         PROMPT_LOOKUP,
         TOKEN_RECYCLING,
         DrafterSpec("layer-skip", "layer-skip", "the target's first layer", layers=(0,)),
-        DrafterSpec("tiny-lm", "model", "a perturbed copy of the target"),
+        DrafterSpec("tiny-lm", "model", "a perturbed copy of the target", window=window),
     ]
     preset = Preset("tiny", "tiny random models (tests)", "tiny", tuple(specs), gamma=4)
     models = build_drafter_models(target, specs[:3], torch.device("cpu"), torch.float32, progress=lambda m: None)
