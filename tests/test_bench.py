@@ -256,6 +256,34 @@ def test_cli_bench_reports_bad_input(questions_file, tmp_path, capsys):
     assert rc == 2
 
 
+def test_repeats_keep_each_methods_fastest_run(bundle, monkeypatch):
+    import dataclasses
+
+    import metasd.bench as bench
+
+    real = bench.run_method
+    calls: list[tuple[str, float]] = []
+    walls = iter([3.0, 1.0, 2.0, 5.0, 4.0, 6.0, 0.5, 7.0, 8.0] * 10)
+
+    def scripted(b, method, ids, max_new_tokens, **kw):
+        o = dataclasses.replace(real(b, method, ids, max_new_tokens, **kw), wall_s=next(walls))
+        calls.append((method.name, o.wall_s))
+        return o
+
+    monkeypatch.setattr(bench, "run_method", scripted)
+    methods = parse_methods("baseline,single:prompt-lookup,metasd-ucb", bundle.drafter_names, list(bundle.models))
+    res = run_bench(bundle, [Prompt(1, "summarization", QUESTIONS[0]["turns"][0])], methods, max_new_tokens=6,
+                    warmup=False, progress=False, repeats=3)
+    assert len(calls) == 9 and res.meta["repeats"] == 3
+    for name in ("baseline", "single:prompt-lookup", "metasd-ucb"):
+        mine = [w for n, w in calls if n == name]
+        assert len(mine) == 3
+        assert res.results.set_index("method").loc[name, "wall_s"] == min(mine)
+    assert "fastest of 3 interleaved runs" in summary_markdown(res)
+    with pytest.raises(InvalidInput, match="repeats"):
+        run_bench(bundle, [Prompt(1, "x", "hello")], methods, max_new_tokens=4, progress=False, repeats=0)
+
+
 def test_run_bench_needs_a_baseline(bundle):
     with pytest.raises(InvalidInput, match="baseline"):
         run_bench(bundle, [Prompt(1, "x", "hello")], [Method("metasd-ucb", "engine", policy="metasd-ucb", reward="bd")],
