@@ -62,32 +62,28 @@ def test_caches_match_fresh_prefill_every_round(seed):
     assert bool(windowed) == bool(seed % 2), windowed
 
 
-def test_windowed_drafter_reads_at_most_its_window_and_stays_lossless():
+def test_windowed_drafter_reads_at_most_its_window_and_stays_lossless(monkeypatch):
     bundle = tiny_bundle(vocab=20, seed=4, noise=0.2, window=5)
     prompt = [3, 1, 4, 1, 5, 9, 2, 6, 5, 3, 5, 8, 9, 7, 9, 3]
     fed: list[int] = []
-    d_ref: list = []
-
-    def inspect(cache, ids, drafters):
-        d = next(x for x in drafters if x.name == "tiny-lm")
-        d_ref[:] = [d]
-
+    offsets: list[int] = []
     original = ModelDrafter._forward
 
     def counting(self, tokens, logits_to_keep=1):
         fed.append(len(tokens))
         return original(self, tokens, logits_to_keep)
 
-    ModelDrafter._forward = counting
-    try:
-        # round-robin: the drafter sits idle between its turns, so it must catch up every time.
-        rounds, s = run(bundle, prompt, policy="round-robin", max_new_tokens=40, inspect=inspect, sleeping=False)
-    finally:
-        ModelDrafter._forward = original
+    def inspect(cache, ids, drafters):
+        offsets.append(next(d for d in drafters if d.name == "tiny-lm").offset)
+
+    monkeypatch.setattr(ModelDrafter, "_forward", counting)
+    # round-robin: the drafter sits idle between its turns, so it must catch up every time.
+    rounds, s = run(bundle, prompt, policy="round-robin", max_new_tokens=40, inspect=inspect, sleeping=False)
     assert fed and max(fed) <= 5, fed
-    assert d_ref[0].offset > 0
+    assert offsets[-1] > 0
     assert list(s.token_ids) == target_greedy(bundle, prompt, 40)
     assert sum(r.accepted for r in rounds if r.drafter == "tiny-lm") > 0
+
 
 def test_idle_drafter_catches_up_lazily():
     """A model drafter idle for several rounds feeds only what it missed, then drafts like a fresh one."""

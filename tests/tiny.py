@@ -55,14 +55,13 @@ def tiny_bundle(vocab: int = 32, seed: int = 0, noise: float = 0.3, drafter_voca
         DrafterSpec("layer-skip", "layer-skip", "the target's first layer", layers=(0,)),
         DrafterSpec("tiny-lm", "model", "a perturbed copy of the target", window=window),
     ]
-    preset = Preset("tiny", "tiny random models (tests)", "tiny", tuple(specs), gamma=4)
     models = build_drafter_models(target, specs[:3], torch.device("cpu"), torch.float32, progress=lambda m: None)
     models["tiny-lm"] = perturbed(target, noise, seed=seed + 1, vocab=drafter_vocab)
     if draft_vocab is not None:
         from metasd.train import make_drafter
 
         specs.append(DrafterSpec("tiny-distilled", "distilled", "the target's first layer on a draft vocabulary"))
-        preset = Preset("tiny", "tiny random models (tests)", "tiny", tuple(specs), gamma=4)
         models["tiny-distilled"] = make_drafter(target, 1, 0, torch.tensor(draft_vocab)).eval()
+    preset = Preset("tiny", "tiny random models (tests)", "tiny", tuple(specs), gamma=4)
     return Bundle(preset, target, tokenizer, {s.name: s for s in specs}, models,
                   tokenizer_vocab=tokenizer_vocab or 0)
