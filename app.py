@@ -21,9 +21,12 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-import gradio as gr
-import pandas as pd
-import torch
+# The app never phones home: gradio reads this at import time (Blocks also gets analytics_enabled=False).
+os.environ["GRADIO_ANALYTICS_ENABLED"] = "False"
+
+import gradio as gr  # noqa: E402
+import pandas as pd  # noqa: E402
+import torch  # noqa: E402
 
 from metasd import viz
 from metasd.engine import encode_prompt, generate, target_greedy
@@ -554,7 +557,8 @@ def build_demo() -> gr.Blocks:
     drafters0 = _drafters_of(preset0)
     gamma0 = PRESETS[preset0].gamma
     # delete_cache: gradio's copies of served files (run logs hold prompts) go after an hour.
-    with gr.Blocks(title="MetaSD Studio", delete_cache=(TMP_MAX_AGE_S, TMP_MAX_AGE_S)) as demo:
+    # analytics_enabled=False in code: the app never phones home, whatever the host's environment says.
+    with gr.Blocks(title="MetaSD Studio", delete_cache=(TMP_MAX_AGE_S, TMP_MAX_AGE_S), analytics_enabled=False) as demo:
         baselines = gr.State({})
         record = gr.State(None)
         gr.HTML(
@@ -719,9 +723,11 @@ def build_demo() -> gr.Blocks:
     return demo
 
 
+# Fonts as gradio Font objects, never plain strings: launch() compares the theme with the built-in
+# ones and a plain string breaks that comparison. System fonts only: the page loads nothing from outside.
 THEME = gr.themes.Soft(primary_hue="indigo", neutral_hue="slate",
-                       font=["Inter", "ui-sans-serif", "system-ui", "sans-serif"],
-                       font_mono=["ui-monospace", "JetBrains Mono", "Menlo", "monospace"])
+                       font=[gr.themes.Font(f) for f in ("Inter", "ui-sans-serif", "system-ui", "sans-serif")],
+                       font_mono=[gr.themes.Font(f) for f in ("ui-monospace", "JetBrains Mono", "Menlo", "monospace")])
 CSS = (ASSETS / "style.css").read_text(encoding="utf-8")
 
 
