@@ -12,6 +12,7 @@ import gc
 import json
 import logging
 import os
+import re
 import shutil
 import tempfile
 import threading
@@ -27,15 +28,17 @@ os.environ["GRADIO_ANALYTICS_ENABLED"] = "False"
 import gradio as gr  # noqa: E402
 import pandas as pd  # noqa: E402
 import torch  # noqa: E402
+from gradio.components.plot import PlotData  # noqa: E402
 
 from metasd import viz
 from metasd.engine import encode_prompt, generate, target_greedy
 from metasd.engine import run as engine_run
-from metasd.events import RoundEvent, Summary
+from metasd.events import Summary
 from metasd.models import Bundle, cache_root, load_bundle
 from metasd.playground import SynthDrafter, compare, expected_speedup, expected_tokens
 from metasd.policies import POLICIES, POLICY_HELP
 from metasd.presets import DEFAULT_PRESET, PRESETS
+from metasd.streaming import EngineStream  # noqa: E402
 from metasd.validation import (
     MAX_PROMPT_CHARS,
     PROMPT_SET_MAX_BYTES,
@@ -209,23 +212,28 @@ def _baseline_key(preset: str, prompt: str, n: int) -> str:
     return json.dumps([preset, prompt, n])
 
 
-def _view(record: dict[str, Any], baselines: dict[str, Any] | None, status: str = "") -> tuple:
-    """Every output of a round from the run record: token HTML, two figures, the numbers, the table."""
-    rounds: list[RoundEvent] = record["rounds"]
-    colors = viz.drafter_colors(record["all_drafters"])
-    summary: Summary | None = record.get("summary")
-    elapsed = summary.wall_s if summary else record["elapsed"]
-    base = (baselines or {}).get(_baseline_key(record["preset"], record["prompt"], rounds[-1].new_tokens)) if rounds else None
-    stats = viz.live_stats(rounds, elapsed, base["tokens_per_s"] if base else None)
-    note = base["note"] if base else ("Speed-up needs the target alone on this prompt: press \u201cMeasure target alone\u201d "
-                                      "or tick auto-measure.")
-    return (
-        viz.token_html(rounds, colors, status=status, placeholder="waiting for the first round ..."),
-        viz.arm_probability_figure(rounds, colors),
-        viz.regret_figure(rounds),
-        viz.stats_html(stats, note),
-        viz.drafter_table(rounds, record["drafters"]),
-    )
+SPEEDUP_HINT = ("Speed-up needs the target alone on this prompt: press \u201cMeasure target alone\u201d "
+                "or tick auto-measure.")
+PLOT_INTERVAL_S = 0.5  # figures and the table refresh at most twice a second; the tokens up to FRAME_FPS
+FRAME_FPS = 8.0
+
+
+def _stats(view: viz.LiveView, record: dict[str, Any], baselines: dict[str, Any] | None, note: str = "") -> str:
+    """The stat cards: the engine's numbers, the speed-up against the target alone where measured, and
+    how many frames the page drew for how many rounds."""
+    base = (baselines or {}).get(_baseline_key(record["preset"], record["prompt"], view.new_tokens)) if view.rounds else None
+    frames = record.get("frames")
+    drawn = f" The page drew {frames[0]} frames for {frames[1]} rounds (several rounds per frame when the engine is fast)." \
+        if frames else ""
+    return viz.stats_html(view.stats(base["tokens_per_s"] if base else None),
+                          (note or (base["note"] if base else SPEEDUP_HINT)) + drawn)
+
+
+def _final_status(s: Summary) -> str:
+    if s.stop_reason == "stopped":
+        return f"stopped after {s.new_tokens} tokens ({s.target_calls} rounds): you pressed Stop"
+    return (f"done: {s.new_tokens} tokens, {s.target_calls} target calls, {s.tokens_per_s:.1f} tokens/s "
+            f"(engine clock), stopped by {s.stop_reason}")
 
 
 @gpu
@@ -233,7 +241,10 @@ def generate_view(prompt: str, preset: str = DEFAULT_PRESET, drafters: list[str]
                   policy: str = "metasd-ucb", reward: str = "bd", gamma: int = 4, max_new_tokens: int = 128,
                   temperature: float = 0.0, top_p: float = 1.0, seed: int = 0, full_info: bool = False,
                   baselines: dict | None = None, request: gr.Request = None):
-    """Stream a generation: one update per round (tokens HTML, arm probabilities, regret, numbers, table)."""
+    """Stream a generation. The engine runs at full speed in its own worker (metasd.streaming); the page
+    draws the latest state at most FRAME_FPS times a second (figures and table at most every
+    PLOT_INTERVAL_S) and always ends on one complete final frame. Outputs: token view, arm
+    probabilities, regret, numbers, per-drafter table, the answer as plain text, the run record."""
     bundle = _bundle(preset)
     names = bundle.drafter_names
     if drafters is not None and not isinstance(drafters, list | tuple | str):
@@ -256,48 +267,89 @@ def generate_view(prompt: str, preset: str = DEFAULT_PRESET, drafters: list[str]
         raise _failure(e) from None
     key = _session(request)
     _start_run(key, stop)  # registered only now: a refused request leaves nothing behind
-    t0 = time.perf_counter()
     record: dict[str, Any] = {"preset": bundle.preset.name, "prompt": text, "rounds": [], "summary": None,
-                              "elapsed": 0.0, "all_drafters": names,
-                              "drafters": list(drafters) if drafters else names,
+                              "all_drafters": names, "drafters": list(drafters) if drafters else names,
                               "settings": {"policy": policy, "reward": reward, "gamma": gamma,
                                            "max_new_tokens": max_new_tokens, "temperature": temperature,
                                            "top_p": top_p, "seed": seed, "full_info": full_info}}
+    view = viz.LiveView(viz.drafter_colors(names), record["drafters"], placeholder="prefill: reading the prompt ...")
+    stream = EngineStream(events, stop, max_fps=FRAME_FPS)
+    plots: tuple[Any, Any, Any] = (None, None, None)
+    plotted_at, plotted_rounds = -1e9, -1
     try:
-        for ev in events:
-            if isinstance(ev, Summary):
-                record = {**record, "summary": ev, "elapsed": time.perf_counter() - t0}
-                status = (f"done: {ev.new_tokens} tokens, {ev.target_calls} target calls, "
-                          f"{ev.tokens_per_s:.1f} tokens/s, stopped by {ev.stop_reason}")
-                yield (*_view(record, baselines, status), record)
+        # At once: the previous answer goes and the page shows that this one has started.
+        yield (view.tokens_html(), _plot(view.arm_json()), _plot(view.regret_json()),
+               _stats(view, record, baselines, "starting: prefill ..."), view.table(), "", None)
+        for batch, done in stream.batches():
+            t_frame = time.perf_counter()
+            for item in batch:
+                view.add(item.event, item.t)
+            record["frames"] = (stream.frames, stream.rounds)
+            if done or (t_frame - plotted_at >= PLOT_INTERVAL_S and len(view.rounds) != plotted_rounds):
+                plots = (_plot(view.arm_json()), _plot(view.regret_json()), view.table())
+                plotted_at, plotted_rounds = t_frame, len(view.rounds)
+            if done:
+                record = {**record, "rounds": view.rounds, "summary": view.summary}
+                status = _final_status(view.summary) if view.summary else "ended"
+                yield (view.tokens_html(status), *plots[:2], _stats(view, record, baselines), plots[2], view.text(), record)
                 break
-            record = {**record, "rounds": [*record["rounds"], ev], "elapsed": time.perf_counter() - t0}
-            yield (*_view(record, baselines, f"round {ev.round} \u00b7 {ev.new_tokens} tokens \u00b7 streaming ..."), record)
+            note = f"round {len(view.rounds)} \u00b7 {view.new_tokens} tokens \u00b7 streaming ..."
+            yield (view.tokens_html(), *plots[:2], _stats(view, record, baselines, note), plots[2], view.text(), None)
+            stream.frame_cost(time.perf_counter() - t_frame)
     except InvalidInput as e:
         raise _refused(e) from None
     except Exception as e:  # shown as a message, never a traceback; the log keeps the details
         raise _failure(e) from None
     finally:
-        events.close()  # frees the drafters' caches and the target's KV cache
+        stream.close()  # the worker ends within a round and frees the drafters' and the target's caches
         _end_run(key, stop)
 
 
+def _plot(figure_json: str) -> PlotData:
+    return PlotData(type="plotly", plot=figure_json)
+
+
+def _running():
+    return gr.update(value="Running \u2026", interactive=False), gr.update(interactive=True)
+
+
+def _idle():
+    return gr.update(value="Run", interactive=True), gr.update(interactive=False)
+
+
+HOW_TO_READ = """
+- **Coloured, underlined token**: a drafter proposed it and the target accepted it. Each drafter has its own
+  colour *and* underline style (legend above the tokens); hover a token for the drafter, p, q and min(1, p/q).
+- **Plain token** (no colour): the target's own token. Every round ends with one: the correction after the first
+  rejected draft token, or the **bonus token** when every drafted token was accepted.
+- **Struck-through token**: drafted but rejected (or discarded after the first rejection). It is not part of the
+  answer; untick *Show rejected draft tokens* to hide them.
+- **\u2205**: a drafted token with no text of its own (a special token, or part of a character); **\u21b5**: a newline.
+- **Accepted / call**: drafted tokens kept per target forward pass; each call also adds one token of the target's.
+- **Arm probabilities**: how likely the bandit was to pick each drafter before each round. A drafter with nothing
+  to propose that round (no match) is *asleep*: probability 0.
+- **Regret**: tokens lost so far against always using the drafter that turned out best; *measured* with
+  full-information feedback, *estimated* otherwise.
+- **Speed-up**: the engine's tokens/s over the target alone on the same prompt, both measured here.
+"""
+
+
 def stop_generation(request: gr.Request = None) -> None:
-    """Stop button, or the tab closed: signal the session's running generations to end at the next
-    round (the event itself is cancelled by `cancels`; its `finally` frees the caches)."""
+    """Stop button, or the tab closed: the session's running generations end at the next round. The
+    stream then draws its final frame, so the page keeps everything generated so far."""
     with _stops_lock:
         runs = list(_stops.get(_session(request), ()))
     for ev in runs:
         ev.set()
 
 
-def stopped_view(record: dict[str, Any] | None):
-    """After Stop: the token view keeps what was generated, marked as stopped."""
-    if not record or not record.get("rounds") or record.get("summary"):
-        return gr.skip()
-    rounds = record["rounds"]
-    colors = viz.drafter_colors(record["all_drafters"])
-    return viz.token_html(rounds, colors, status=f"stopped after {rounds[-1].new_tokens} tokens, {len(rounds)} rounds")
+def _download_stem(record: dict[str, Any]) -> Path:
+    """`metasd-<preset>-<policy>-<timestamp>` inside a fresh directory with a random name: the files are
+    named by what they hold, and nobody can guess where they are (a run log holds the user's prompt)."""
+    folder = TMP / uuid.uuid4().hex
+    folder.mkdir(mode=0o700)
+    policy = re.sub(r"[^A-Za-z0-9._-]+", "-", str(record["settings"].get("policy", "run")))
+    return folder / f"metasd-{record['preset']}-{policy}-{time.strftime('%Y%m%d-%H%M%S')}"
 
 
 def write_logs(record: dict[str, Any] | None):
@@ -305,7 +357,7 @@ def write_logs(record: dict[str, Any] | None):
     if not record or not record.get("rounds"):
         return gr.update(value=None, interactive=False), gr.update(value=None, interactive=False)
     _prune_tmp()
-    stem = TMP / f"metasd-run-{uuid.uuid4().hex}"  # unguessable: the log holds the user's prompt
+    stem = _download_stem(record)
     viz.rounds_frame(record["rounds"]).to_csv(stem.with_suffix(".csv"), index=False)
     obj = viz.run_record(record["prompt"], record["rounds"], record.get("summary"),
                          {"preset": record["preset"], "settings": record["settings"]})
@@ -315,16 +367,20 @@ def write_logs(record: dict[str, Any] | None):
 
 
 def _prune_tmp() -> None:
-    """Keep the app's temp dir bounded over a long session: drop old files, then the oldest beyond the cap."""
+    """Keep the app's temp dir bounded over a long session: drop old entries (a run's folder of downloads,
+    or a file), then the oldest beyond the cap."""
     max_age, max_files = TMP_MAX_AGE_S, TMP_MAX_FILES
     try:
-        files = sorted((f.stat().st_mtime, f) for f in TMP.iterdir() if f.is_file())
+        entries = sorted((e.stat().st_mtime, e) for e in TMP.iterdir())
     except OSError:
         return
     now = time.time()
-    for i, (mtime, f) in enumerate(files):
-        if now - mtime > max_age or i < len(files) - max_files:
-            f.unlink(missing_ok=True)
+    for i, (mtime, e) in enumerate(entries):
+        if now - mtime > max_age or i < len(entries) - max_files:
+            if e.is_dir():
+                shutil.rmtree(e, ignore_errors=True)
+            else:
+                e.unlink(missing_ok=True)
 
 
 def _measure_target(bundle: Bundle, prompt: str, n: int) -> tuple[list[int], float]:
@@ -356,7 +412,11 @@ def measure_baseline(record: dict[str, Any] | None, baselines: dict | None, auto
             note += (" Output identical to the target's own greedy decoding \u2713" if same else
                      " Output differs from the target's greedy decoding (check for tied logits).")
         baselines[key] = {"tokens_per_s": len(out) / secs if secs > 0 else 0.0, "note": note}
-    return _view(record, baselines, "done")[3], baselines
+    view = viz.LiveView(viz.drafter_colors(record["all_drafters"]), record["drafters"])
+    for ev in [*rounds, record["summary"]]:
+        if ev is not None:
+            view.add(ev, 0.0)
+    return _stats(view, record, baselines), baselines
 
 
 # ----------------------------------------------------------------------------------------------
@@ -571,69 +631,92 @@ def build_demo() -> gr.Blocks:
         with gr.Tabs():
             # ---------------------------------------------------------------- Generate
             with gr.Tab("Generate", id="generate"):
-                with gr.Row(equal_height=False):
-                    with gr.Column(scale=6):
-                        prompt = gr.Textbox(label="Prompt", lines=4, max_lines=14, elem_id="prompt", max_length=MAX_PROMPT_CHARS,
+                with gr.Row(equal_height=False, elem_id="gen-row"):
+                    # Left: what to run. Only the prompt, Run/Stop and the two most used settings are open,
+                    # so that at projector size (1280x720) the answer on the right is on the first screen.
+                    with gr.Column(scale=4, min_width=300, elem_id="controls"):
+                        prompt = gr.Textbox(label="Prompt", lines=4, max_lines=10, elem_id="prompt",
+                                            info=f"Up to {MAX_PROMPT_CHARS:,} characters. Ctrl+Enter runs, Esc stops.",
                                             placeholder="Ask something, or pick an example below", value=EXAMPLES[2]["turns"][0])
                         with gr.Row():
                             run_btn = gr.Button("Run", variant="primary", elem_id="run", scale=3)
-                            stop_btn = gr.Button("Stop", variant="stop", elem_id="stop", scale=1)
-                        with gr.Tabs(elem_id="examples"):
-                            for task in TASKS:
-                                with gr.Tab(TASK_TITLES.get(task, task)):
-                                    gr.Examples([[e["turns"][0]] for e in EXAMPLES if e["category"] == task], inputs=[prompt],
-                                                label=None, examples_per_page=4)
-                    with gr.Column(scale=5):
+                            stop_btn = gr.Button("Stop", variant="stop", elem_id="stop", scale=1, interactive=False)
                         with gr.Row():
-                            preset = gr.Dropdown(presets, value=preset0, label="Preset", scale=1, info=_preset_info(preset0),
-                                                 interactive=len(presets) > 1)
+                            max_new_tokens = gr.Slider(8, MAX_NEW_TOKENS, value=128, step=8, label="Max new tokens",
+                                                       elem_id="max-new-tokens", scale=1, min_width=140)
                             policy = gr.Dropdown(_policy_choices(drafters0), value="metasd-ucb", label="Policy", scale=1,
-                                                 allow_custom_value=True, info="which drafter proposes each round")
+                                                 allow_custom_value=True, min_width=140)
                         policy_help = gr.Markdown(_policy_info("metasd-ucb"), elem_classes="compact-md")
-                        drafters = gr.CheckboxGroup(drafters0, value=get_bundle(preset0).default_drafters,
-                                                    label="Drafters (tick any subset)")
-                        reward = gr.Radio(REWARD_CHOICES, value="bd", label="Reward")
+                        with gr.Accordion("Examples", open=True, elem_id="examples-box"):
+                            with gr.Tabs(elem_id="examples"):
+                                for task in TASKS:
+                                    with gr.Tab(TASK_TITLES.get(task, task)):
+                                        gr.Examples([[e["turns"][0]] for e in EXAMPLES if e["category"] == task],
+                                                    inputs=[prompt], label=None, examples_per_page=4)
+                        with gr.Accordion("More settings: preset, drafters, reward, \u03b3, sampling", open=False,
+                                          elem_id="settings"):
+                            preset = gr.Dropdown(presets, value=preset0, label="Preset", info=_preset_info(preset0),
+                                                 interactive=len(presets) > 1)
+                            drafters = gr.CheckboxGroup(drafters0, value=get_bundle(preset0).default_drafters,
+                                                        label="Drafters (tick any subset)")
+                            reward = gr.Radio(REWARD_CHOICES, value="bd", label="Reward")
+                            with gr.Row():
+                                gamma = gr.Slider(1, 16, value=gamma0, step=1, label="Draft length \u03b3")
+                                seed = gr.Number(0, label="Seed", precision=0, minimum=0, maximum=2**32 - 1, min_width=90)
+                            with gr.Row():
+                                temperature = gr.Slider(0.0, 2.0, value=0.0, step=0.05, label="Temperature (0 = greedy)")
+                                top_p = gr.Slider(0.05, 1.0, value=1.0, step=0.05, label="Top-p")
+                            full_info = gr.Checkbox(False, label="Full-information feedback: score every drafter on every "
+                                                    "verified chunk (measured regret; Hedge needs it)")
+                    # Right: the answer, its numbers, and how to read them.
+                    with gr.Column(scale=6, min_width=320, elem_id="answer"):
+                        empty = viz.LiveView(viz.drafter_colors(drafters0), drafters0,
+                                             placeholder="Press Run (or Ctrl+Enter) to stream tokens here.")
+                        tokens = gr.HTML(empty.tokens_html(""), elem_id="tokens", js_on_load=None)
+                        stats = gr.HTML(viz.stats_html(viz.live_stats([], 0.0)), elem_id="stats", js_on_load=None)
                         with gr.Row():
-                            gamma = gr.Slider(1, 16, value=gamma0, step=1, label="Draft length \u03b3")
-                            max_new_tokens = gr.Slider(8, MAX_NEW_TOKENS, value=128, step=8, label="Max new tokens")
-                        with gr.Row():
-                            temperature = gr.Slider(0.0, 2.0, value=0.0, step=0.05, label="Temperature (0 = greedy)")
-                            top_p = gr.Slider(0.05, 1.0, value=1.0, step=0.05, label="Top-p")
-                            seed = gr.Number(0, label="Seed", precision=0, minimum=0, maximum=2**32 - 1, min_width=90)
-                        full_info = gr.Checkbox(False, label="Full-information feedback: score every drafter on every "
-                                                "verified chunk (measured regret; Hedge needs it)")
-                empty_tokens = viz.token_html([], viz.drafter_colors(drafters0), placeholder="Press Run to stream tokens here.")
-                tokens = gr.HTML(empty_tokens, elem_id="tokens", js_on_load=None)
-                with gr.Row():
-                    show_rejected = gr.Checkbox(True, label="Show rejected draft tokens", scale=0, min_width=240)
-                    auto_base = gr.Checkbox(True, label="Measure the target alone after each run (for the speed-up)",
-                                            scale=0, min_width=420)
-                    measure_btn = gr.Button("Measure target alone", size="sm", scale=0, min_width=180)
-                stats = gr.HTML(viz.stats_html(viz.live_stats([], 0.0)), elem_id="stats", js_on_load=None)
-                with gr.Row():
-                    arm_plot = gr.Plot(viz.arm_probability_figure([], viz.drafter_colors(drafters0)),
-                                       elem_id="arm-probabilities", show_label=False)
-                    regret_plot = gr.Plot(viz.regret_figure([]), elem_id="regret", show_label=False)
+                            show_rejected = gr.Checkbox(True, label="Show rejected draft tokens", scale=0, min_width=220)
+                            auto_base = gr.Checkbox(True, label="Measure the target alone after each run",
+                                                    scale=0, min_width=300)
+                            measure_btn = gr.Button("Measure target alone", size="sm", scale=0, min_width=170)
+                        with gr.Accordion("The answer as plain text", open=False):
+                            answer_text = gr.Textbox(show_label=True, label="Answer", lines=4, max_lines=12,
+                                                     interactive=False, buttons=["copy"], elem_id="answer-text")
+                        with gr.Accordion("How to read this", open=False, elem_id="how-to-read"):
+                            gr.Markdown(HOW_TO_READ, elem_classes="compact-md")
+                with gr.Row(equal_height=False):
+                    with gr.Column(min_width=320):
+                        arm_plot = gr.Plot(_plot(empty.arm_json()), elem_id="arm-probabilities", show_label=False)
+                        gr.Markdown("The policy's probability of choosing each drafter before every round (stacked); "
+                                    "the ticks below mark the drafter it pulled.", elem_classes="caption")
+                    with gr.Column(min_width=320):
+                        regret_plot = gr.Plot(_plot(empty.regret_json()), elem_id="regret", show_label=False)
+                        gr.Markdown("Tokens lost so far against always using the drafter that was best in hindsight; "
+                                    "a curve that flattens means the bandit found it.", elem_classes="caption")
                 with gr.Row():
                     table = gr.DataFrame(viz.drafter_table([], drafters0), label="Per drafter", interactive=False,
                                          elem_id="drafter-table", scale=4)
                     with gr.Column(scale=1, min_width=200):
-                        gr.Markdown("**Per-round log**", elem_classes="compact-md")
+                        gr.Markdown("**Per-round log** (also of a stopped run)", elem_classes="compact-md")
                         csv_btn = gr.DownloadButton("CSV", size="sm", interactive=False)
                         json_btn = gr.DownloadButton("JSON", size="sm", interactive=False)
 
                 gen_inputs = [prompt, preset, drafters, policy, reward, gamma, max_new_tokens, temperature, top_p, seed,
                               full_info, baselines]
-                gen_outputs = [tokens, arm_plot, regret_plot, stats, table, record]
-                gen = gr.on([run_btn.click, prompt.submit], generate_view, gen_inputs, gen_outputs, api_name="generate",
-                            concurrency_limit=GEN_CONCURRENCY, concurrency_id="model", show_progress="hidden",
-                            trigger_mode="once")
-                after = gen.then(write_logs, record, [csv_btn, json_btn], api_visibility="private", queue=False)
+                gen_outputs = [tokens, arm_plot, regret_plot, stats, table, answer_text, record]
+                # Run: the buttons say at once that something runs (no queue round trip), then the stream.
+                busy = gr.on([run_btn.click, prompt.submit], _running, None, [run_btn, stop_btn], queue=False,
+                             api_visibility="private", trigger_mode="once")
+                gen = busy.then(generate_view, gen_inputs, gen_outputs, api_name="generate",
+                                concurrency_limit=GEN_CONCURRENCY, concurrency_id="model", show_progress="full",
+                                show_progress_on=[tokens])
+                after = gen.then(_idle, None, [run_btn, stop_btn], api_visibility="private", queue=False)
+                after = after.then(write_logs, record, [csv_btn, json_btn], api_visibility="private", queue=False)
                 after.then(measure_baseline, [record, baselines, auto_base], [stats, baselines], api_visibility="private",
                            concurrency_limit=GEN_CONCURRENCY, concurrency_id="model", show_progress="minimal")
-                stopped = stop_btn.click(stop_generation, None, None, cancels=[gen], api_visibility="private", queue=False)
-                stopped.then(stopped_view, record, tokens, api_visibility="private", queue=False).then(
-                    write_logs, record, [csv_btn, json_btn], api_visibility="private", queue=False)
+                # Stop only signals the engine: the stream then ends on its own final frame and keeps the answer
+                # (a gradio `cancels` would throw the frame away and reset the outputs).
+                stop_btn.click(stop_generation, None, None, api_visibility="private", queue=False)
                 measure_btn.click(lambda r, b: measure_baseline(r, b, True, True), [record, baselines], [stats, baselines],
                                   api_visibility="private", concurrency_limit=GEN_CONCURRENCY, concurrency_id="model")
                 show_rejected.change(None, show_rejected, None,
@@ -729,6 +812,19 @@ THEME = gr.themes.Soft(primary_hue="indigo", neutral_hue="slate",
                        font=[gr.themes.Font(f) for f in ("Inter", "ui-sans-serif", "system-ui", "sans-serif")],
                        font_mono=[gr.themes.Font(f) for f in ("ui-monospace", "JetBrains Mono", "Menlo", "monospace")])
 CSS = (ASSETS / "style.css").read_text(encoding="utf-8")
+# Keyboard: Ctrl+Enter (Cmd+Enter) runs, Esc stops. Captured before the text box sees the keys, so a
+# Ctrl+Enter in the prompt does not also submit it a second time.
+HEAD = """<script>
+document.addEventListener("keydown", (e) => {
+  const click = (id) => {
+    const b = document.getElementById(id);
+    if (b && !b.disabled) { b.click(); return true; }
+    return false;
+  };
+  if (e.key === "Enter" && (e.ctrlKey || e.metaKey)) { if (click("run")) { e.preventDefault(); e.stopPropagation(); } }
+  else if (e.key === "Escape") { click("stop"); }
+}, true);
+</script>"""
 
 
 def server_address() -> tuple[str, int]:
@@ -749,7 +845,7 @@ def launch(demo: gr.Blocks | None = None, host: str | None = None, port: int | N
     # tree and the model cache are blocked outright, whatever else is configured.
     served = [TMP.resolve(), Path(gr.utils.get_upload_folder()).resolve()]
     blocked = [str(d.resolve()) for d in (ROOT, cache_root()) if not any(x.is_relative_to(d.resolve()) for x in served)]
-    return demo.launch(server_name=host or h, server_port=port or p, theme=THEME, css=CSS, footer_links=["api"],
+    return demo.launch(server_name=host or h, server_port=port or p, theme=THEME, css=CSS, head=HEAD, footer_links=["api"],
                        allowed_paths=[str(TMP)], blocked_paths=blocked, max_file_size=PROMPT_SET_MAX_BYTES, **kwargs)
 
 

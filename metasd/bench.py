@@ -1,4 +1,4 @@
-"""The benchmark: every method on the same prompts, side by side in one process (DESIGN.md §3, §6).
+"""The benchmark: every method on the same prompts, side by side in one process (docs/DESIGN.md §3, §6).
 
 Methods (the names of `--methods`):
 
@@ -40,7 +40,7 @@ from metasd.policies import POLICIES
 from metasd.presets import DEFAULT_PRESET, PRESETS
 from metasd.validation import REWARDS, InvalidInput, clean_prompt
 
-DEFAULT_PLD_TOKENS = 10  # transformers' prompt lookup as DESIGN.md §4 measured it
+DEFAULT_PLD_TOKENS = 10  # transformers' prompt lookup as docs/DESIGN.md §4 reports it
 RESULT_COLUMNS = [
     "method", "question_id", "category", "new_tokens", "wall_s", "target_calls", "mean_accepted",
     "identical_to_baseline", "first_mismatch", "tokens_per_s", "cpu_s", "prompt_tokens", "prefill_s", "draft_s",

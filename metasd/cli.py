@@ -1,4 +1,4 @@
-"""Command line: `python -m metasd generate ...` and `python -m metasd bench ...` (DESIGN.md §3)."""
+"""Command line: `python -m metasd generate ...` and `python -m metasd bench ...` (docs/DESIGN.md §3)."""
 
 from __future__ import annotations
 

@@ -86,7 +86,7 @@ def _expected_accepted(g: list[float]) -> float:
 class VerifyCost:
     """Smoothed time of one verification by the number of ids fed (1 .. gamma + 1).
 
-    On a GPU verifying gamma + 1 ids costs about one step; on a CPU it does not (DESIGN.md §6),
+    On a GPU verifying gamma + 1 ids costs about one step; on a CPU it does not (docs/DESIGN.md §4),
     so the throughput reward charges each round what its verification really costs.
     """
 
@@ -117,7 +117,7 @@ class VerifyCost:
 
 
 def _reward(kind: str, g: list[float], k: int, gamma: int, drafted_ms: float, fed: int, cost: VerifyCost) -> float:
-    """The arm's reward in [0, 1] from per-position acceptance probabilities g (DESIGN.md formula 5).
+    """The arm's reward in [0, 1] from per-position acceptance probabilities g (docs/DESIGN.md §1, formula 5).
 
     k is the draft length asked for this round (gamma, or less where the length adapts).
     bd: block divergence, mean of 1 - TV(p_j, q_j) over the k positions (0 where nothing was drafted).

@@ -37,7 +37,7 @@ class RoundEvent:
     draft_text: tuple[str, ...]  # text piece of each drafted id, for showing rejected tokens
 
     def to_json(self) -> dict[str, Any]:
-        """The round as in DESIGN.md's `--json` contract, plus extra fields."""
+        """The round as in the `--json` contract of docs/DESIGN.md §3, plus extra fields."""
         d = asdict(self)
         for key in ("draft", "emitted", "p_draft", "q_draft", "accept_prob", "emitted_text", "draft_text"):
             d[key] = list(d[key])

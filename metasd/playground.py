@@ -3,7 +3,7 @@
 A synthetic drafter has a per-token acceptance rate alpha and a cost c (one drafter step over
 one target step). One round drafts gamma tokens; position j passes with probability beta_j,
 drawn around alpha (contexts differ, so some rounds are easy and some hard); the round keeps
-the passing prefix and the target adds one token. So, per round (DESIGN.md formulas 3-4):
+the passing prefix and the target adds one token. So, per round (docs/DESIGN.md §1, formulas 3-4):
 
     E[tokens]  = (1 - alpha^(gamma+1)) / (1 - alpha)
     time       = gamma * c + 1            (in target steps; verifying gamma+1 tokens costs one)

@@ -145,8 +145,8 @@ class CostAwareUCB(MetaSDUCB):
     The UCB index of an arm, min(1, mean + beta * sqrt(2 ln t / n)), is read as an optimistic
     per-position acceptance rate alpha (its reward is bd or be, both estimates of alpha). The
     engine's `plan` turns alpha into expected tokens per millisecond with that drafter's measured
-    cost per drafted token and the measured verification cost on this hardware (DESIGN.md formula
-    4 without assuming verification is free), maximised over the draft length 0..k. The arm with
+    cost per drafted token and the measured verification cost on this hardware (docs/DESIGN.md §1,
+    formula 4 without assuming verification is free), maximised over the draft length 0..k. The arm with
     the fastest optimistic round is pulled, with its best draft length; length 0 is a plain target
     step, chosen when no drafter is even optimistically worth its cost (the arm then learns nothing
     that round and its bonus grows, so it is tried again later). Without a plan it is MetaSD-UCB.

@@ -1,4 +1,4 @@
-"""Logit warping and the speculative verification step (DESIGN.md, formulas 1 and 2).
+"""Logit warping and the speculative verification step (docs/DESIGN.md §1, formulas 1 and 2).
 
 The target's p and a drafter's q go through the *same* warping (temperature, top-k, top-p);
 verification then keeps exactly the tokens the target would have produced itself.

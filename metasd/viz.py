@@ -21,12 +21,17 @@ from typing import Any
 
 import pandas as pd
 import plotly.graph_objects as go
+import plotly.io as pio
 from plotly.subplots import make_subplots
 
 from metasd.events import RoundEvent, Summary
 
-# Colour-blind-friendly, distinct on white; a drafter keeps its colour by its index in the preset.
-PALETTE = ("#2F6FDE", "#E8730C", "#1E9E62", "#B03FC4", "#D12E52", "#0F9CB0", "#A68A00", "#7A5230", "#5B6B7F")
+# Okabe-Ito's colour-blind-safe palette (darkened where a colour is too light for an underline on
+# white); a drafter keeps its colour, and its underline style, by its index in the preset. Colour is
+# never the only channel: each index also has its own underline style (UNDERLINES) and the name shows
+# on hover.
+PALETTE = ("#0072B2", "#D55E00", "#009E73", "#CC79A7", "#9E7C00", "#56B4E9", "#E69F00", "#000000", "#7A5230")
+UNDERLINES = ("solid", "double", "dotted", "dashed", "wavy")
 TARGET_COLOR = "#6B7280"
 FONT = "Inter, ui-sans-serif, system-ui, -apple-system, 'Segoe UI', sans-serif"
 # A compact template (a few hundred bytes): the page re-sends every figure each round, and
@@ -72,27 +77,36 @@ def _known(values: Sequence[float], j: int) -> float | None:
     return values[j] if j < len(values) else None
 
 
+def underline_of(colors: Mapping[str, str], name: str) -> str:
+    """The drafter's second channel besides colour: an underline style, by its index in the preset."""
+    names = list(colors)
+    return UNDERLINES[names.index(name) % len(UNDERLINES)] if name in colors else "none"
+
+
 def round_spans(ev: RoundEvent, colors: Mapping[str, str]) -> list[str]:
-    """The HTML spans of one round, in reading order: accepted, rejected (in place), target token."""
+    """The HTML spans of one round, in reading order: accepted, rejected (in place), target token.
+
+    The look comes from the page's CSS (assets/style.css): `--c` is the drafter's colour, the `u-*`
+    class its underline style; accepted tokens are tinted and underlined, rejected ones struck through.
+    """
     c = colors.get(ev.drafter, TARGET_COLOR)
-    acc_style = f"background:{_rgba(c, 0.16)};border-bottom:2px solid {c}"
-    rej_style = f"color:{c};text-decoration:line-through;text-decoration-color:{c}"
+    u = underline_of(colors, ev.drafter)
     out: list[str] = []
     n_acc = min(ev.accepted, len(ev.emitted))
 
     def tip(j: int, verdict: str) -> str:
         p, q, a = _known(ev.p_draft, j), _known(ev.q_draft, j), _known(ev.accept_prob, j)
-        return _esc(f"round {ev.round} \u00b7 {ev.drafter} \u00b7 draft position {j + 1}: {verdict}\n"
+        return _esc(f"{ev.drafter}, round {ev.round}, draft position {j + 1}: {verdict}\n"
                     f"p = {_fmt(p)}   q = {_fmt(q)}   accept prob = min(1, p/q) = {_fmt(a)}")
 
     for j in range(n_acc):
         text = ev.emitted_text[j] if j < len(ev.emitted_text) else ""
-        out.append(f'<span class="tok acc" data-drafter="{_esc(ev.drafter)}" style="{acc_style}" '
+        out.append(f'<span class="tok acc u-{u}" data-drafter="{_esc(ev.drafter)}" style="--c:{c}" '
                    f'title="{tip(j, "accepted")}">{_esc(text)}</span>')
     for j in range(ev.accepted, len(ev.draft)):
         verdict = "rejected" if j == ev.accepted else "discarded (after the first rejection)"
         piece = ev.draft_text[j] if j < len(ev.draft_text) else f"<{ev.draft[j]}>"
-        out.append(f'<span class="tok rej" data-drafter="{_esc(ev.drafter)}" style="{rej_style}" '
+        out.append(f'<span class="tok rej" data-drafter="{_esc(ev.drafter)}" style="--c:{c}" '
                    f'title="{tip(j, verdict)}">{_esc(_visible(piece))}</span>')
     for j in range(n_acc, len(ev.emitted)):  # normally one: the target's own token
         text = ev.emitted_text[j] if j < len(ev.emitted_text) else ""
@@ -102,19 +116,34 @@ def round_spans(ev: RoundEvent, colors: Mapping[str, str]) -> list[str]:
             why = f"bonus token after all {len(ev.draft)} drafted tokens were accepted"
         else:
             why = f"correction after rejecting draft position {ev.accepted + 1}"
-        title = _esc(f"round {ev.round} \u00b7 target: {why}")
+        title = _esc(f"target, round {ev.round}: {why}")
         out.append(f'<span class="tok tgt" title="{title}">{_esc(text)}</span>')
     return out
 
 
 def legend_html(colors: Mapping[str, str], used: Iterable[str] | None = None) -> str:
-    """Chips naming each drafter's colour, plus the target's neutral style and a rejected sample."""
+    """Chips naming each drafter's colour and underline, plus the target's neutral style and a rejected sample."""
     names = list(colors) if used is None else [n for n in colors if n in set(used)]
-    chips = [f'<span class="chip" data-drafter="{_esc(n)}"><span class="sw" style="background:{_rgba(colors[n], 0.25)};'
-             f'border-color:{colors[n]}"></span>{_esc(n)}</span>' for n in names]
-    chips.append('<span class="chip"><span class="sw sw-tgt"></span>target (correction / bonus)</span>')
-    chips.append('<span class="chip"><span class="chip-rej">rejected</span></span>')
-    return '<div class="tok-legend">' + "".join(chips) + "</div>"
+    chips = [f'<span class="chip" data-drafter="{_esc(n)}" title="tokens {_esc(n)} proposed and the target accepted">'
+             f'<span class="swatch acc u-{underline_of(colors, n)}" style="--c:{colors[n]}">abc</span>{_esc(n)}</span>'
+             for n in names]
+    chips.append('<span class="chip" title="tokens the target supplied itself"><span class="swatch tgt">abc</span>'
+                 'target (correction / bonus)</span>')
+    chips.append('<span class="chip" title="drafted tokens the target did not keep"><span class="swatch rej" '
+                 'style="--c:#6B7280">abc</span>rejected</span>')
+    return '<div class="tok-legend" aria-label="Legend">' + "".join(chips) + "</div>"
+
+
+def _stream_open(colors: Mapping[str, str], legend: bool, placeholder: str) -> str:
+    head = legend_html(colors) if legend else ""
+    # tok-stream scrolls and keeps its end in view (CSS: column-reverse); tok-flow holds the spans.
+    return (f'<div class="tok-view">{head}<div class="tok-stream" tabindex="0" role="region" '
+            f'aria-label="Generated tokens, coloured by drafter"><div class="tok-flow" data-empty="{_esc(placeholder)}">')
+
+
+def _stream_close(status: str) -> str:
+    foot = f'<div class="tok-status" role="status">{_esc(status)}</div>' if status else ""
+    return f"</div></div>{foot}</div>"
 
 
 def token_html(rounds: Sequence[RoundEvent], colors: Mapping[str, str], *, show_rejected: bool = True,
@@ -127,10 +156,7 @@ def token_html(rounds: Sequence[RoundEvent], colors: Mapping[str, str], *, show_
     spans: list[str] = []
     for ev in rounds:
         spans.extend(s for s in round_spans(ev, colors) if show_rejected or 'class="tok rej"' not in s)
-    body = "".join(spans) or f'<span class="tok-empty">{_esc(placeholder)}</span>'
-    head = legend_html(colors, used=None) if legend else ""
-    foot = f'<div class="tok-status">{_esc(status)}</div>' if status else ""
-    return f'<div class="tok-view">{head}<div class="tok-stream">{body}</div>{foot}</div>'
+    return _stream_open(colors, legend, placeholder) + "".join(spans) + _stream_close(status)
 
 
 def output_text(rounds: Sequence[RoundEvent]) -> str:
@@ -161,22 +187,22 @@ def _layout(fig: go.Figure, title: str, height: int = 280, **kw: Any) -> go.Figu
 # go.Figure call (about 10x cheaper than make_subplots + add_trace + update_* per round).
 
 
-def arm_probability_figure(rounds: Sequence[RoundEvent], colors: Mapping[str, str]) -> go.Figure:
-    """The policy's probability of each arm per round (stacked), and which arm was pulled."""
-    names = list(rounds[0].probabilities) if rounds else list(colors)
-    x = [ev.round for ev in rounds]
+def _arm_spec(x: Sequence[int], probs: Mapping[str, Sequence[float]], pulled: Mapping[str, Sequence[int]],
+              colors: Mapping[str, str]) -> dict[str, Any]:
+    """The arm-probability figure as a plotly dict: stacked probabilities above, the pulled arm below."""
+    names = list(probs)
     data: list[dict[str, Any]] = []
     for n in names:
         c = colors.get(n, TARGET_COLOR)
-        data.append(dict(type="scatter", x=x, y=[ev.probabilities.get(n, 0.0) for ev in rounds], name=n, mode="lines",
+        data.append(dict(type="scatter", x=list(x), y=list(probs[n]), name=n, mode="lines",
                          stackgroup="p", line=dict(width=0.8, color=c, shape="hv"), fillcolor=_rgba(c, 0.45),
                          hovertemplate="%{y:.2f}", xaxis="x", yaxis="y"))
     for n in names:
-        xs = [ev.round for ev in rounds if ev.drafter == n]
+        xs = list(pulled.get(n, ()))
         data.append(dict(type="scatter", x=xs, y=[n] * len(xs), mode="markers", showlegend=False, name=f"pulled {n}",
                          marker=dict(symbol="line-ns", size=9, line=dict(width=2, color=colors.get(n))),
                          hovertemplate="pulled", xaxis="x", yaxis="y2"))
-    xr = None if rounds else [0.5, 10.5]
+    xr = None if len(x) else [0.5, 10.5]
     layout = _layout_dict(
         "Arm probabilities and the arm pulled each round", height=300,
         xaxis=dict(anchor="y2", domain=[0, 1], title=dict(text="round"), range=xr),
@@ -184,25 +210,43 @@ def arm_probability_figure(rounds: Sequence[RoundEvent], colors: Mapping[str, st
         yaxis2=dict(domain=[0, 0.22], anchor="x", type="category", categoryorder="array", categoryarray=names[::-1],
                     range=[-0.5, len(names) - 0.5], showticklabels=False, showgrid=False),
     )
-    return go.Figure(data=data, layout=layout)
+    return dict(data=data, layout=layout)
+
+
+def arm_probability_figure(rounds: Sequence[RoundEvent], colors: Mapping[str, str]) -> go.Figure:
+    """The policy's probability of each arm per round (stacked), and which arm was pulled."""
+    names = list(rounds[0].probabilities) if rounds else list(colors)
+    probs = {n: [ev.probabilities.get(n, 0.0) for ev in rounds] for n in names}
+    pulled = {n: [ev.round for ev in rounds if ev.drafter == n] for n in names}
+    return go.Figure(**_arm_spec([ev.round for ev in rounds], probs, pulled, colors))
 
 
 def regret_label(measured: bool) -> str:
     return "measured (full information)" if measured else "estimated (bandit feedback)"
 
 
-def regret_figure(rounds: Sequence[RoundEvent]) -> go.Figure:
-    """Cumulative regret in tokens against the best drafter in hindsight."""
-    measured = bool(rounds and rounds[-1].regret_measured)
-    data = [dict(type="scatter", x=[ev.round for ev in rounds], y=[ev.regret for ev in rounds], mode="lines",
+def _regret_spec(x: Sequence[int], regret: Sequence[float], measured: bool) -> dict[str, Any]:
+    data = [dict(type="scatter", x=list(x), y=list(regret), mode="lines",
                  name=regret_label(measured), line=dict(color="#111827", width=2), fill="tozeroy",
                  fillcolor="rgba(17,24,39,0.07)", hovertemplate="%{y:.2f} tokens")]
     layout = _layout_dict(
         f"Cumulative regret vs the best drafter in hindsight \u2014 {regret_label(measured)}", showlegend=True,
-        xaxis=dict(title=dict(text="round"), range=None if rounds else [0.5, 10.5]),
-        yaxis=dict(title=dict(text="tokens"), rangemode="tozero", range=None if rounds else [0, 2]),
+        xaxis=dict(title=dict(text="round"), range=None if len(x) else [0.5, 10.5]),
+        yaxis=dict(title=dict(text="tokens"), rangemode="tozero", range=None if len(x) else [0, 2]),
     )
-    return go.Figure(data=data, layout=layout)
+    return dict(data=data, layout=layout)
+
+
+def regret_figure(rounds: Sequence[RoundEvent]) -> go.Figure:
+    """Cumulative regret in tokens against the best drafter in hindsight."""
+    measured = bool(rounds and rounds[-1].regret_measured)
+    return go.Figure(**_regret_spec([ev.round for ev in rounds], [ev.regret for ev in rounds], measured))
+
+
+def figure_json(spec: Mapping[str, Any]) -> str:
+    """A figure dict as the JSON plotly.js reads (what go.Figure.to_json gives, without re-validating
+    every point: the live view sends it several times a second)."""
+    return pio.to_json(dict(spec), validate=False)
 
 
 def empty_figure(title: str, note: str = "", height: int = 280) -> go.Figure:
@@ -219,25 +263,48 @@ def empty_figure(title: str, note: str = "", height: int = 280) -> go.Figure:
 # Numbers and tables
 
 
+TABLE_COLUMNS = ["drafter", "pulls", "acceptance rate", "mean reward", "tokens / call", "time share"]
+
+
+class DrafterTally:
+    """Per-drafter running sums, one round at a time (the table never re-reads old rounds)."""
+
+    def __init__(self, names: Sequence[str]):
+        self.names = list(names)
+        self.sums = {n: [0, 0, 0, 0.0, 0, 0.0] for n in self.names}  # pulls, drafted, accepted, reward, emitted, ms
+        self.total_ms = 0.0
+
+    def add(self, ev: RoundEvent) -> None:
+        ms = ev.draft_ms + ev.verify_ms
+        self.total_ms += ms
+        if ev.drafter not in self.sums:
+            return
+        t = self.sums[ev.drafter]
+        t[0] += 1
+        t[1] += len(ev.draft)
+        t[2] += ev.accepted
+        t[3] += ev.reward
+        t[4] += len(ev.emitted)
+        t[5] += ms
+
+    def frame(self) -> pd.DataFrame:
+        total = self.total_ms or 1.0
+        nan = float("nan")
+        rows = [{"drafter": n, "pulls": p, "acceptance rate": round(a / d, 3) if d else nan,
+                 "mean reward": round(r / p, 3) if p else nan, "tokens / call": round(e / p, 2) if p else nan,
+                 "time share": round(ms / total, 3)}
+                for n, (p, d, a, r, e, ms) in self.sums.items()]
+        return pd.DataFrame(rows, columns=TABLE_COLUMNS)
+
+
 def drafter_table(rounds: Sequence[RoundEvent], names: Sequence[str] | None = None) -> pd.DataFrame:
     """Per drafter: pulls, acceptance rate, mean reward, tokens per target call, time share."""
     if names is None:
         names = list(rounds[0].probabilities) if rounds else []
-    total_ms = sum(ev.draft_ms + ev.verify_ms for ev in rounds) or 1.0
-    rows = []
-    for n in names:
-        mine = [ev for ev in rounds if ev.drafter == n]
-        drafted = sum(len(ev.draft) for ev in mine)
-        accepted = sum(ev.accepted for ev in mine)
-        rows.append({
-            "drafter": n,
-            "pulls": len(mine),
-            "acceptance rate": round(accepted / drafted, 3) if drafted else float("nan"),
-            "mean reward": round(sum(ev.reward for ev in mine) / len(mine), 3) if mine else float("nan"),
-            "tokens / call": round(sum(len(ev.emitted) for ev in mine) / len(mine), 2) if mine else float("nan"),
-            "time share": round(sum(ev.draft_ms + ev.verify_ms for ev in mine) / total_ms, 3),
-        })
-    return pd.DataFrame(rows, columns=["drafter", "pulls", "acceptance rate", "mean reward", "tokens / call", "time share"])
+    tally = DrafterTally(names)
+    for ev in rounds:
+        tally.add(ev)
+    return tally.frame()
 
 
 def live_stats(rounds: Sequence[RoundEvent], elapsed_s: float, baseline_tps: float | None = None) -> dict[str, Any]:
@@ -312,6 +379,91 @@ def run_record(prompt: str, rounds: Sequence[RoundEvent], summary: Summary | Non
         "config": summary.config if summary else {},
         **(extra or {}),
     }
+
+
+# --------------------------------------------------------------------------------------------
+# The live Generate view, built up one round at a time
+
+
+class LiveView:
+    """What the Generate tab shows, accumulated round by round.
+
+    Each round is rendered once when it arrives; a frame only joins what has accumulated. The token
+    HTML only ever grows at its end while streaming (its closing tags and the status line come with
+    the final frame; browsers close open tags themselves), so gradio streams it as appended text
+    and the bytes sent stay linear in the answer's length. Figures are plain plotly dicts built from
+    running arrays.
+    """
+
+    def __init__(self, colors: Mapping[str, str], drafters: Sequence[str], placeholder: str = ""):
+        self.colors = dict(colors)
+        self.tally = DrafterTally(drafters)
+        self.rounds: list[RoundEvent] = []
+        self.summary: Summary | None = None
+        self.engine_s = 0.0  # the engine's own clock at its latest event
+        self._html = _stream_open(self.colors, True, placeholder)
+        self._text: list[str] = []
+        self._x: list[int] = []
+        self._probs: dict[str, list[float]] = {}
+        self._pulled: dict[str, list[int]] = {}
+        self._regret: list[float] = []
+        self._accepted = 0
+
+    def add(self, ev: RoundEvent | Summary, engine_s: float) -> None:
+        self.engine_s = engine_s
+        if isinstance(ev, Summary):
+            self.summary = ev
+            self.engine_s = ev.wall_s
+            return
+        if not self.rounds:
+            self._probs = {n: [] for n in ev.probabilities}
+            self._pulled = {n: [] for n in ev.probabilities}
+        self.rounds.append(ev)
+        self._html += "".join(round_spans(ev, self.colors))
+        self._text.extend(ev.emitted_text)
+        self._x.append(ev.round)
+        for n, ys in self._probs.items():
+            ys.append(round(ev.probabilities.get(n, 0.0), 4))
+        self._pulled.setdefault(ev.drafter, []).append(ev.round)
+        self._regret.append(round(ev.regret, 4))
+        self._accepted += ev.accepted
+        self.tally.add(ev)
+
+    @property
+    def new_tokens(self) -> int:
+        return self.rounds[-1].new_tokens if self.rounds else 0
+
+    def tokens_html(self, status: str | None = None) -> str:
+        """The token view. While streaming (status None) its tags stay open so that each frame only appends;
+        the final frame closes them, with the status line when there is one."""
+        return self._html if status is None else self._html + _stream_close(status)
+
+    def text(self) -> str:
+        return "".join(self._text)
+
+    def arm_json(self) -> str:
+        probs = self._probs or {n: [] for n in self.colors}
+        return figure_json(_arm_spec(self._x, probs, self._pulled, self.colors))
+
+    def regret_json(self) -> str:
+        measured = bool(self.rounds and self.rounds[-1].regret_measured)
+        return figure_json(_regret_spec(self._x, self._regret, measured))
+
+    def table(self) -> pd.DataFrame:
+        return self.tally.frame()
+
+    def stats(self, baseline_tps: float | None = None) -> dict[str, Any]:
+        """live_stats' numbers, on the engine's clock (the page's rendering is not in them)."""
+        calls = len(self.rounds)
+        new = self.summary.new_tokens if self.summary else self.new_tokens
+        elapsed = self.engine_s
+        tps = self.summary.tokens_per_s if self.summary else (new / elapsed if elapsed > 0 else 0.0)
+        return {
+            "new_tokens": new, "tokens_per_s": tps, "target_calls": calls,
+            "mean_accepted": self._accepted / calls if calls else 0.0,
+            "tokens_per_call": new / calls if calls else 0.0, "elapsed_s": elapsed,
+            "baseline_tps": baseline_tps, "speedup": tps / baseline_tps if baseline_tps and tps else None,
+        }
 
 
 # --------------------------------------------------------------------------------------------

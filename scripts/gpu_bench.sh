@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The benchmark on one GPU with a hub preset, end to end in about 5 minutes (DESIGN.md §6:
+# The benchmark on one GPU with a hub preset, end to end in about 5 minutes (docs/DESIGN.md §6:
 # GPU figures come only from a GPU run). CPU CI never runs this.
 #
 #   scripts/gpu_bench.sh                       # qwen2.5-1.5b, 6 categories x 1 prompt, 128 tokens

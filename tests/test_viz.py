@@ -94,7 +94,7 @@ def test_token_html_colours_each_accepted_token_by_its_drafter(generation, color
     assert viz.output_text(rounds) == "".join(s["text"] for s in got if s["kind"] != "rej")
     # the legend names each drafter with its colour
     for name, c in colors.items():
-        assert f'data-drafter="{name}"' in html.split('<div class="tok-stream">')[0] and c in html
+        assert f'data-drafter="{name}"' in html.split('<div class="tok-stream"')[0] and c in html
 
 
 def test_rejected_tokens_are_struck_through_in_place(generation, colors):
@@ -105,7 +105,8 @@ def test_rejected_tokens_are_struck_through_in_place(generation, colors):
     rej = [s for s in got if s["kind"] == "rej"]
     assert n_rejected > 0 and len(rej) == n_rejected
     for s in rej:
-        assert "line-through" in s["style"] and colors[s["drafter"]] in s["style"]
+        # struck through by the page's CSS (class rej; the browser test checks the computed style), in its colour
+        assert colors[s["drafter"]] in s["style"]
     # in place: each round reads accepted..., rejected..., then the target's token
     i = 0
     for ev in rounds:

@@ -1,0 +1,129 @@
+"""Run the engine at full speed in a worker thread and hand its events to a viewer in frames.
+
+A page that re-renders after every round makes the engine wait for the renderer: on the offline
+preset that cost ~40% of the engine's speed. Here the engine never waits. Its worker thread
+pushes every event into a queue together with the engine's own clock; the viewer takes them in
+batches, at most `max_fps` batches a second (fewer when rendering a frame is slow), so a fast
+engine (a GPU, a few ms a round) yields many rounds per frame and a slow one a frame per round.
+The last batch always carries the summary (or the worker's exception, re-raised in the viewer).
+
+    stream = EngineStream(generate(bundle, prompt, stop=stop), stop)
+    try:
+        for batch, done in stream.batches():
+            ...  # render the state after batch; done: the summary is in it
+    finally:
+        stream.close()  # Stop, a closed tab, or a failure: the worker ends within one round
+"""
+
+from __future__ import annotations
+
+import math
+import queue
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+from metasd.events import Event, Summary
+
+DEFAULT_MAX_FPS = 8.0
+
+
+@dataclass(frozen=True)
+class Timed:
+    """An engine event and when the engine produced it, in seconds since the worker started."""
+
+    event: Event
+    t: float
+
+
+class _Done:
+    pass
+
+
+_DONE = _Done()
+
+
+class EngineStream:
+    """One request's engine generator, driven by its own worker thread (nothing shared with others)."""
+
+    def __init__(self, events: Iterator[Event], stop: threading.Event, max_fps: float = DEFAULT_MAX_FPS):
+        if max_fps <= 0:
+            raise ValueError("max_fps must be positive")
+        self._events = events
+        self._stop = stop
+        self._queue: queue.SimpleQueue[Timed | BaseException | _Done] = queue.SimpleQueue()
+        self.min_interval = 1.0 / max_fps
+        self.interval = self.min_interval  # grows when rendering is slow (see frame_cost)
+        self.frames = 0
+        self.rounds = 0
+        self._thread = threading.Thread(target=self._pump, name="metasd-engine", daemon=True)
+        self._thread.start()
+
+    def _pump(self) -> None:
+        t0 = time.perf_counter()
+        try:
+            for ev in self._events:
+                self._queue.put(Timed(ev, time.perf_counter() - t0))
+        except BaseException as e:  # noqa: BLE001  (handed to the viewer, re-raised there)
+            self._queue.put(e)
+        finally:
+            # A generator is closed by the thread that runs it: this frees the request's KV caches.
+            try:
+                self._events.close()  # type: ignore[attr-defined]
+            except Exception:  # noqa: BLE001
+                pass
+            self._queue.put(_DONE)
+
+    def frame_cost(self, seconds: float) -> None:
+        """Tell the stream how long the last frame took to render: frames never take more than about a
+        third of the time between them, so rendering cannot hold back a machine with few cores."""
+        self.interval = max(self.min_interval, 3.0 * seconds)
+
+    def batches(self) -> Iterator[tuple[list[Timed], bool]]:
+        """Everything the engine produced since the last frame. The first round is handed over as soon as
+        it exists (the first visible token), then at most one batch per `interval`; the final batch
+        (done=True) holds the summary. Re-raises the engine's exception, if any, after its last rounds."""
+        pending: list[Timed] = []
+        last = -math.inf
+        while True:
+            item: Timed | BaseException | _Done | None
+            if not pending:  # nothing to show: sleep until the engine has something
+                item = self._queue.get()
+            else:  # something to show: take more until the next frame is due
+                wait = last + self.interval - time.perf_counter()
+                try:
+                    item = self._queue.get(timeout=wait) if wait > 0 else self._queue.get_nowait()
+                except queue.Empty:
+                    item = None
+            if isinstance(item, _Done):
+                self.frames += 1
+                yield pending, True
+                return
+            if isinstance(item, BaseException):
+                raise item
+            if item is not None:
+                pending.append(item)
+                if not isinstance(item.event, Summary):
+                    self.rounds += 1
+            if pending and time.perf_counter() - last >= self.interval and not self._summary_pending(pending):
+                self.frames += 1
+                yield pending, False
+                pending = []
+                last = time.perf_counter()
+
+    @staticmethod
+    def _summary_pending(pending: list[Timed]) -> bool:
+        # The summary is the engine's last event: wait for the worker's end so that the final batch is one frame.
+        return isinstance(pending[-1].event, Summary)
+
+    def close(self, timeout: float = 10.0) -> None:
+        """End the worker (it stops at the next round boundary) and wait for it to free its caches."""
+        self._stop.set()
+        if threading.current_thread() is not self._thread:
+            self._thread.join(timeout)
+
+    @property
+    def alive(self) -> bool:
+        return self._thread.is_alive()
+

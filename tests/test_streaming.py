@@ -1,0 +1,155 @@
+"""metasd.streaming (the engine in its own worker, handed over in frames) and viz.LiveView, on tiny models.
+
+No timing asserts: a fast engine must produce fewer frames than rounds, the last frame must be the
+whole run, a stop mid-burst must end cleanly, and a failure in the worker reaches only its viewer.
+"""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+
+from metasd import viz
+from metasd.engine import generate, run
+from metasd.events import RoundEvent, Summary
+from metasd.streaming import EngineStream
+from tests.tiny import tiny_bundle
+
+PROMPT = [3, 7, 1, 4, 9, 3, 7, 1, 4, 9, 3, 7, 2, 5]
+
+
+@pytest.fixture(scope="module")
+def bundle():
+    return tiny_bundle()
+
+
+def _stream(bundle, n: int, stop: threading.Event | None = None, **kw) -> EngineStream:
+    stop = stop or threading.Event()
+    events = generate(bundle, PROMPT, chat_template=False, max_new_tokens=n, stop=stop, **kw)
+    return EngineStream(events, stop, max_fps=kw.pop("max_fps", 4.0))
+
+
+def test_fast_engine_gives_fewer_frames_than_rounds_and_the_last_frame_is_the_whole_run(bundle):
+    stream = _stream(bundle, 300, policy="round-robin")
+    colors = viz.drafter_colors(bundle.drafter_names)
+    view = viz.LiveView(colors, bundle.drafter_names)
+    frames, sizes = 0, []
+    try:
+        for batch, done in stream.batches():
+            frames += 1
+            for item in batch:
+                view.add(item.event, item.t)
+            html = view.tokens_html() if not done else view.tokens_html("end")
+            sizes.append(len(html))
+            if done:
+                break
+    finally:
+        stream.close()
+    assert not stream.alive
+    rounds, summary = run(bundle, PROMPT, chat_template=False, max_new_tokens=300, policy="round-robin")
+    assert len(rounds) > 20, "the tiny engine should run many rounds"
+    assert frames == stream.frames and stream.rounds == len(rounds)
+    assert frames < len(rounds), f"{frames} frames for {len(rounds)} rounds: rounds were not batched"
+    # the final frame is the final state: every round, the summary, and exactly what token_html renders
+    assert [ev.emitted for ev in view.rounds] == [ev.emitted for ev in rounds]
+    assert isinstance(view.summary, Summary) and view.summary.token_ids == summary.token_ids
+    assert view.tokens_html("end") == viz.token_html(rounds, colors, status="end")
+    assert view.text() == viz.output_text(rounds)
+    assert view.table().equals(viz.drafter_table(view.rounds, bundle.drafter_names))  # same events, same table
+    # streaming frames only ever append to the token HTML (gradio then sends only the new part)
+    assert sizes == sorted(sizes)
+
+
+def test_streaming_html_is_a_prefix_of_every_later_frame(bundle):
+    colors = viz.drafter_colors(bundle.drafter_names)
+    view = viz.LiveView(colors, bundle.drafter_names, placeholder="waiting")
+    prev = view.tokens_html()
+    rounds, summary = run(bundle, PROMPT, chat_template=False, max_new_tokens=40, policy="round-robin")
+    for ev in rounds:
+        view.add(ev, 0.0)
+        cur = view.tokens_html()
+        assert cur.startswith(prev) and len(cur) > len(prev)
+        prev = cur
+    view.add(summary, summary.wall_s)
+    assert view.tokens_html("done").startswith(prev)
+    assert view.stats()["new_tokens"] == summary.new_tokens
+    assert view.stats()["tokens_per_s"] == summary.tokens_per_s
+
+
+def test_stop_during_a_burst_ends_the_worker_with_a_final_frame(bundle):
+    stop = threading.Event()
+    stream = _stream(bundle, 450, stop=stop, policy="round-robin")
+    seen: list[RoundEvent | Summary] = []
+    try:
+        for batch, done in stream.batches():
+            seen.extend(item.event for item in batch)
+            if not done and len(seen) >= 5:
+                stop.set()  # what the Stop button does
+            if done:
+                break
+    finally:
+        stream.close()
+    assert not stream.alive
+    assert isinstance(seen[-1], Summary) and seen[-1].stop_reason == "stopped"
+    assert seen[-1].new_tokens < 450
+    assert all(isinstance(e, RoundEvent) for e in seen[:-1])
+
+
+def test_a_viewer_that_goes_away_ends_the_worker(bundle):
+    stream = _stream(bundle, 450, policy="round-robin")
+    gen = stream.batches()
+    next(gen)
+    gen.close()  # the page's generator is closed (tab closed, client cancelled)
+    stream.close()
+    assert not stream.alive
+
+
+def test_a_failure_in_the_worker_reaches_its_viewer_after_the_rounds_before_it():
+    def events():
+        yield from ()
+        raise RuntimeError("boom in round 1")
+
+    stream = EngineStream(events(), threading.Event())
+    with pytest.raises(RuntimeError, match="boom"):
+        for _ in stream.batches():
+            pass
+    stream.close()
+    assert not stream.alive
+
+
+def test_concurrent_streams_get_exactly_their_own_outputs(bundle):
+    results: dict[int, tuple] = {}
+
+    def one(seed: int):
+        stream = _stream(bundle, 60, policy="uniform", seed=seed, temperature=1.0)
+        got = []
+        try:
+            for batch, done in stream.batches():
+                got.extend(i.event for i in batch)
+                if done:
+                    break
+        finally:
+            stream.close()
+        results[seed] = got[-1].token_ids
+
+    threads = [threading.Thread(target=one, args=(s,)) for s in (1, 2, 3)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    for seed in (1, 2, 3):
+        _, alone = run(bundle, PROMPT, chat_template=False, max_new_tokens=60, policy="uniform", seed=seed,
+                       temperature=1.0)
+        assert results[seed] == alone.token_ids
+
+
+def test_frame_rate_is_bounded_by_rendering_cost():
+    stream = EngineStream(iter(()), threading.Event(), max_fps=8.0)
+    stream.frame_cost(0.001)
+    assert stream.interval == pytest.approx(1 / 8)
+    stream.frame_cost(0.2)
+    assert stream.interval == pytest.approx(0.6)
+    list(stream.batches())
+    with pytest.raises(ValueError):
+        EngineStream(iter(()), threading.Event(), max_fps=0)
