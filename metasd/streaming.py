@@ -24,6 +24,8 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 
+import torch
+
 from metasd.events import Event, Summary
 
 DEFAULT_MAX_FPS = 8.0
@@ -47,9 +49,11 @@ _DONE = _Done()
 class EngineStream:
     """One request's engine generator, driven by its own worker thread (nothing shared with others)."""
 
-    def __init__(self, events: Iterator[Event], stop: threading.Event, max_fps: float = DEFAULT_MAX_FPS):
+    def __init__(self, events: Iterator[Event], stop: threading.Event, max_fps: float = DEFAULT_MAX_FPS,
+                 torch_threads: int | None = None):
         if max_fps <= 0:
             raise ValueError("max_fps must be positive")
+        self._torch_threads = torch_threads
         self._events = events
         self._stop = stop
         self._queue: queue.SimpleQueue[Timed | BaseException | _Done] = queue.SimpleQueue()
@@ -61,6 +65,9 @@ class EngineStream:
         self._thread.start()
 
     def _pump(self) -> None:
+        if self._torch_threads:
+            # Set in the thread that runs the model: OpenMP keeps this setting per calling thread.
+            torch.set_num_threads(self._torch_threads)
         t0 = time.perf_counter()
         try:
             for ev in self._events:
@@ -101,6 +108,9 @@ class EngineStream:
                 yield pending, True
                 return
             if isinstance(item, BaseException):
+                if pending:  # the rounds before the failure are shown first
+                    self.frames += 1
+                    yield pending, False
                 raise item
             if item is not None:
                 pending.append(item)

@@ -194,21 +194,23 @@ def _arm_spec(x: Sequence[int], probs: Mapping[str, Sequence[float]], pulled: Ma
     data: list[dict[str, Any]] = []
     for n in names:
         c = colors.get(n, TARGET_COLOR)
-        data.append(dict(type="scatter", x=list(x), y=list(probs[n]), name=n, mode="lines",
+        # rounds are 1, 2, 3, ...: x0/dx instead of an x array keeps the streamed figure small
+        data.append(dict(type="scatter", x0=x[0] if len(x) else 1, dx=1, y=list(probs[n]), name=n, mode="lines",
                          stackgroup="p", line=dict(width=0.8, color=c, shape="hv"), fillcolor=_rgba(c, 0.45),
                          hovertemplate="%{y:.2f}", xaxis="x", yaxis="y"))
-    for n in names:
+    for i, n in enumerate(names):
         xs = list(pulled.get(n, ()))
-        data.append(dict(type="scatter", x=xs, y=[n] * len(xs), mode="markers", showlegend=False, name=f"pulled {n}",
-                         marker=dict(symbol="line-ns", size=9, line=dict(width=2, color=colors.get(n))),
-                         hovertemplate="pulled", xaxis="x", yaxis="y2"))
+        # one row per arm, top to bottom in legend order: y0 with dy=0 puts every tick on it without a y array
+        data.append(dict(type="scatter", x=xs, y0=len(names) - 1 - i, dy=0, mode="markers", showlegend=False,
+                         name=f"pulled {n}", marker=dict(symbol="line-ns", size=9, line=dict(width=2, color=colors.get(n))),
+                         hovertemplate=f"pulled {_esc(n)}<extra></extra>", xaxis="x", yaxis="y2"))
     xr = None if len(x) else [0.5, 10.5]
     layout = _layout_dict(
         "Arm probabilities and the arm pulled each round", height=300,
         xaxis=dict(anchor="y2", domain=[0, 1], title=dict(text="round"), range=xr),
         yaxis=dict(domain=[0.3, 1], range=[0, 1.0001], title=dict(text="P(arm)")),
-        yaxis2=dict(domain=[0, 0.22], anchor="x", type="category", categoryorder="array", categoryarray=names[::-1],
-                    range=[-0.5, len(names) - 0.5], showticklabels=False, showgrid=False),
+        yaxis2=dict(domain=[0, 0.22], anchor="x", range=[-0.5, len(names) - 0.5], showticklabels=False, showgrid=False,
+                    fixedrange=True),
     )
     return dict(data=data, layout=layout)
 
@@ -226,7 +228,7 @@ def regret_label(measured: bool) -> str:
 
 
 def _regret_spec(x: Sequence[int], regret: Sequence[float], measured: bool) -> dict[str, Any]:
-    data = [dict(type="scatter", x=list(x), y=list(regret), mode="lines",
+    data = [dict(type="scatter", x0=x[0] if len(x) else 1, dx=1, y=list(regret), mode="lines",
                  name=regret_label(measured), line=dict(color="#111827", width=2), fill="tozeroy",
                  fillcolor="rgba(17,24,39,0.07)", hovertemplate="%{y:.2f} tokens")]
     layout = _layout_dict(
@@ -423,9 +425,9 @@ class LiveView:
         self._text.extend(ev.emitted_text)
         self._x.append(ev.round)
         for n, ys in self._probs.items():
-            ys.append(round(ev.probabilities.get(n, 0.0), 4))
+            ys.append(round(ev.probabilities.get(n, 0.0), 3))
         self._pulled.setdefault(ev.drafter, []).append(ev.round)
-        self._regret.append(round(ev.regret, 4))
+        self._regret.append(round(ev.regret, 3))
         self._accepted += ev.accepted
         self.tally.add(ev)
 

@@ -1,70 +1,170 @@
-"""Time to first streamed token and streamed tokens/s through the app's /generate API, next to
-the engine alone on the same prompt and settings (both in this process, interleaved).
+"""The page against the engine alone, side by side in one run: does streaming hold the engine back?
 
-    PYTHONPATH=. .venv/bin/python scripts/measure_streaming.py [--repeats 3] [--max-new-tokens 64]
+For each prompt (interleaved, fastest of --repeats), the engine alone (`metasd.generate`, consumed in
+this process) and the app's `/generate` over HTTP exactly as a browser receives it (the raw event
+stream): tokens/s, time to the first visible token, frames drawn, rounds, and bytes streamed. Then
+the same frame loop on a tiny random model whose rounds take a few milliseconds (like a GPU), to
+show that frames stay bounded while many rounds go by.
+
+    .venv/bin/python scripts/measure_streaming.py [--repeats 2] [--max-new-tokens 128] [--long 512]
+
+The app runs as users start it (`python app.py`, a separate process, on the offline preset); the
+engine-alone runs happen in this process while the server idles.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import re
-import statistics
+import sys
 import time
+import uuid
+from pathlib import Path
 
-from gradio_client import Client
+import httpx
 
-import metasd
-from metasd.events import RoundEvent
-from tests.app_server import serve
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-PROMPT = ("Answer from the passage. Passage: The Greenway Bridge is 480 metres long and opened in 2009. "
-          "It carries bicycles and pedestrians across the river. Question: How long is the Greenway Bridge?")
+import metasd  # noqa: E402
+from metasd.events import Summary  # noqa: E402
+
+PROMPTS = {  # the page's default example first, then other kinds of prompt from the examples
+    "summarization (default)": 2,
+    "translation": 0,
+    "qa": 4,
+    "code": 10,
+}
 
 
-def via_app(client: Client, n: int) -> tuple[float, float, int]:
+def via_engine(bundle, prompt: str, n: int) -> dict:
+    """The engine alone as the CLI runs it: this process's main thread, torch's default threads."""
     t0 = time.perf_counter()
-    job = client.submit(PROMPT, max_new_tokens=n, api_name="/generate")
     first = None
-    last_html = ""
-    for update in job:
-        html = update[0] if isinstance(update, list | tuple) else update
-        if first is None and re.search(r"<span[^>]*class=\"[^\"]*tok", str(html)):
+    summary = None
+    for ev in metasd.generate(bundle, prompt, max_new_tokens=n):
+        if isinstance(ev, Summary):
+            summary = ev
+        elif first is None and ev.emitted:
             first = time.perf_counter() - t0
-        last_html = str(html)
-    total = time.perf_counter() - t0
-    return first or total, total, len(last_html)
+    wall = time.perf_counter() - t0
+    return {"tokens": summary.new_tokens, "wall": wall, "tps": summary.new_tokens / wall, "first": first or wall}
 
 
-def via_engine(bundle, n: int) -> tuple[float, float, int]:
+def generate_fn_index(url: str) -> int:
+    config = httpx.get(f"{url}config", timeout=30).json()
+    return next(d["id"] for d in config["dependencies"] if d.get("api_name") == "generate")
+
+
+def via_page(url: str, fn_index: int, drafters: list[str], prompt: str, n: int) -> dict:
+    """One /generate call through gradio's queue, reading the server-sent events as the page does."""
+    session = uuid.uuid4().hex[:11]
+    data = [prompt, "offline", drafters, "metasd-ucb", "bd", 4, n, 0.0, 1.0, 0, False, {}]
     t0 = time.perf_counter()
-    first, tokens = None, 0
-    for ev in metasd.generate(bundle, PROMPT, max_new_tokens=n):
-        if isinstance(ev, RoundEvent):
-            first = first or time.perf_counter() - t0
-        else:
-            tokens = ev.new_tokens
-    return first or 0.0, time.perf_counter() - t0, tokens
+    r = httpx.post(f"{url}gradio_api/queue/join", json={"data": data, "fn_index": fn_index, "session_hash": session,
+                                                        "event_data": None, "trigger_id": None}, timeout=30)
+    r.raise_for_status()
+    nbytes, frames, first, last, final = 0, 0, None, None, None
+    with httpx.stream("GET", f"{url}gradio_api/queue/data", params={"session_hash": session}, timeout=600) as s:
+        for line in s.iter_lines():
+            nbytes += len(line) + 1
+            if not line.startswith("data:"):
+                continue
+            msg = json.loads(line[5:])
+            if msg.get("msg") in ("process_generating", "process_completed"):
+                frames += msg.get("msg") == "process_generating"
+                if first is None and ('class=\\"tok ' in line or 'class="tok ' in line):
+                    first = time.perf_counter() - t0
+                last = time.perf_counter() - t0
+                if msg.get("msg") == "process_completed":
+                    final = msg
+                    break
+    out = (final or {}).get("output", {}).get("data") or []  # the final message carries whole values
+    done = re.search(r"(?:done|stopped after): ?(\d+) tokens", str(out[0])) if out else None
+    inside = re.search(r"([\d.]+) tokens/s \(engine clock\)", str(out[0])) if out else None
+    drew = re.search(r"drew (\d+) frames for (\d+) rounds", str(out[3])) if len(out) > 3 else None
+    return {"wall": last, "first": first, "frames": frames, "bytes": nbytes, "tokens": int(done.group(1)) if done else None,
+            "rounds": int(drew.group(2)) if drew else None, "inside": float(inside.group(1)) if inside else None}
+
+
+def tiny_frames(max_new_tokens: int = 400) -> str:
+    """The app's frame loop (EngineStream + LiveView) on a tiny random model: rounds of a few ms."""
+    import threading
+
+    from metasd import viz
+    from metasd.streaming import EngineStream
+    from tests.tiny import tiny_bundle
+
+    bundle = tiny_bundle(vocab=64)
+    stop = threading.Event()
+    ids = [3, 7, 1, 4, 9, 3, 7, 1, 4, 9, 3, 7, 2, 5]
+    stream = EngineStream(metasd.generate(bundle, ids, chat_template=False, max_new_tokens=max_new_tokens, stop=stop,
+                                          policy="metasd-ucb"), stop)
+    view = viz.LiveView(viz.drafter_colors(bundle.drafter_names), bundle.drafter_names)
+    t0 = time.perf_counter()
+    render = 0.0
+    for batch, done in stream.batches():
+        t = time.perf_counter()
+        for item in batch:
+            view.add(item.event, item.t)
+        view.tokens_html("end" if done else None)
+        view.arm_json()
+        view.regret_json()
+        render += time.perf_counter() - t
+        stream.frame_cost(time.perf_counter() - t)
+        if done:
+            break
+    stream.close()
+    wall = time.perf_counter() - t0
+    s = view.summary
+    return (f"tiny model: {len(view.rounds)} rounds in {wall:.2f} s ({1000 * wall / max(1, len(view.rounds)):.1f} ms a round), "
+            f"{stream.frames} frames ({stream.frames / wall:.1f} frames/s), {s.new_tokens} tokens, "
+            f"rendering {1000 * render / max(1, stream.frames):.1f} ms a frame")
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--repeats", type=int, default=3)
-    ap.add_argument("--max-new-tokens", type=int, default=64)
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--repeats", type=int, default=2)
+    ap.add_argument("--max-new-tokens", type=int, default=128)
+    ap.add_argument("--long", type=int, default=512, help="also one long answer, for the bytes streamed (0: skip)")
     a = ap.parse_args()
-    url = serve()
     import app
+    from tests.test_start import free_port, scrubbed_env, started
 
     bundle = app.get_bundle("offline")
-    client = Client(url, verbose=False)
-    _, _, tokens = via_engine(bundle, a.max_new_tokens)  # warm-up, and the token count
-    rows = {"app": [], "engine": []}
-    for _ in range(a.repeats):
-        rows["app"].append(via_app(client, a.max_new_tokens))
-        rows["engine"].append(via_engine(bundle, a.max_new_tokens))
-    for name, rs in rows.items():
-        first = statistics.median(r[0] for r in rs)
-        total = statistics.median(r[1] for r in rs)
-        print(f"{name:7s} first token {first * 1000:7.0f} ms   whole run {total:6.2f} s   {tokens / total:5.1f} tokens/s")
+    env = scrubbed_env()
+    env.pop("OMP_NUM_THREADS")  # torch's own default, as for a user
+    port = free_port()
+    with started([sys.executable, "app.py", "--port", str(port)], env, port) as served:
+        report(served.url, generate_fn_index(served.url), bundle, app, a)
+    print(tiny_frames())
+
+
+def report(url: str, fn_index: int, bundle, app, a: argparse.Namespace) -> None:
+    print("| prompt | tokens | engine tok/s | page tok/s | page / engine | engine tok/s inside the page | "
+          "first token, page | frames / rounds | kB streamed |")
+    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|")
+    ratios = []
+    for name, idx in PROMPTS.items():
+        prompt = app.EXAMPLES[idx]["turns"][0]
+        via_engine(bundle, prompt, 8)  # warm
+        eng, page = [], []
+        for _ in range(a.repeats):
+            eng.append(via_engine(bundle, prompt, a.max_new_tokens))
+            page.append(via_page(url, fn_index, bundle.default_drafters, prompt, a.max_new_tokens))
+        e = max(eng, key=lambda r: r["tps"])
+        p = min(page, key=lambda r: r["wall"])
+        p_tps = e["tokens"] / p["wall"]
+        ratios.append(p_tps / e["tps"])
+        rounds = p["rounds"]
+        print(f"| {name} | {e['tokens']} | {e['tps']:.1f} | {p_tps:.1f} | {p_tps / e['tps']:.0%} | {p['inside']} | "
+              f"{p['first']:.2f} s | {p['frames']} / {rounds} | {p['bytes'] / 1000:.0f} |")
+    print(f"\nmean page / engine: {sum(ratios) / len(ratios):.1%}")
+    if a.long:
+        long_prompt = "Write a long, detailed story about a lighthouse keeper and a storm, in many paragraphs."
+        p = via_page(url, fn_index, bundle.default_drafters, long_prompt, a.long)
+        print(f"long answer: {p['tokens']} tokens, {p['frames']} frames, {p['bytes'] / 1000:.0f} kB streamed "
+              f"({p['bytes'] / max(1, p['tokens']):.0f} bytes per token), {p['wall']:.1f} s")
 
 
 if __name__ == "__main__":

@@ -331,7 +331,8 @@ def test_a_fault_mid_generation_is_reported_and_the_next_request_is_clean(app, f
     with mock.patch.object(engine, "verify", failing), pytest.raises(gr.Error) as err:
         for out in app.generate_view(PROMPT, "offline", max_new_tokens=12, request=request("faulty")):
             seen.append(out)
-    assert len(seen) == 2, "the user saw the rounds before the fault"
+    # the user saw the rounds before the fault (frames may batch rounds: the last one holds both)
+    assert len(seen) >= 2 and "round 2," in seen[-1][0] and "round 3," not in seen[-1][0]
     msg = str(err.value.message)
     if isinstance(fault, torch.OutOfMemoryError):
         assert "Out of memory" in msg

@@ -147,13 +147,16 @@ def test_arm_probability_figure(generation, colors):
     assert [t.name for t in stacked] == names
     total = np.sum([np.asarray(t.y, dtype=float) for t in stacked], axis=0)
     assert np.allclose(total, 1.0)
-    assert list(stacked[0].x) == [ev.round for ev in rounds]
+    # rounds 1..N as x0/dx (no x array to stream)
+    assert stacked[0].x0 == 1 and stacked[0].dx == 1 and [ev.round for ev in rounds] == list(range(1, len(rounds) + 1))
     pulled = [t for t in fig.data if not t.stackgroup]
     assert sum(len(t.x) for t in pulled) == len(rounds)
     for t in pulled:
         name = t.name.removeprefix("pulled ")
-        assert set(t.y) <= {name} and list(t.x) == [ev.round for ev in rounds if ev.drafter == name]
+        assert t.dy == 0 and list(t.x) == [ev.round for ev in rounds if ev.drafter == name]
         assert t.marker.line.color == colors[name]
+    rows = [t.y0 for t in pulled]
+    assert sorted(rows) == list(range(len(names))) and rows == sorted(rows, reverse=True)  # one row per arm, in order
     assert fig.layout.margin.t <= 40 and fig.layout.height <= 320
     # light updates: the figure is re-sent every round, so no heavyweight named template
     assert len(fig.to_json()) < 1500 + 250 * len(rounds) * len(names)
@@ -167,7 +170,7 @@ def test_regret_figure_is_labelled_measured_or_estimated(bundle):
     assert "estimated" in f1.data[0].name and "estimated" in f1.layout.title.text
     assert "measured" in f2.data[0].name and "measured" in f2.layout.title.text
     assert list(f2.data[0].y) == [ev.regret for ev in mea]
-    assert viz.regret_figure([]).data[0].x == ()
+    assert viz.regret_figure([]).data[0].y == () and f2.data[0].x0 == 1
 
 
 def test_drafter_table_and_live_stats(generation):
