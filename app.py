@@ -136,6 +136,12 @@ def _drafters_of(name: str) -> list[str]:
     return get_bundle(name).drafter_names
 
 
+def _example_label(example: dict[str, Any], width: int = 58) -> str:
+    text = " ".join(example["turns"][0].split())
+    return f"{TASK_TITLES.get(example['category'], example['category'])} \u00b7 " + (
+        text if len(text) <= width else text[: width - 1] + "\u2026")
+
+
 def _policy_choices(drafters: list[str]) -> list[str]:
     return list(POLICIES) + [f"single:{d}" for d in drafters]
 
@@ -357,8 +363,9 @@ def _download_stem(record: dict[str, Any]) -> Path:
     named by what they hold, and nobody can guess where they are (a run log holds the user's prompt)."""
     folder = TMP / uuid.uuid4().hex
     folder.mkdir(mode=0o700)
-    policy = re.sub(r"[^A-Za-z0-9._-]+", "-", str(record["settings"].get("policy", "run")))
-    return folder / f"metasd-{record['preset']}-{policy}-{time.strftime('%Y%m%d-%H%M%S')}"
+    preset, policy = (re.sub(r"[^A-Za-z0-9_-]+", "-", str(x)).strip("-") or "run"
+                      for x in (record["preset"], record["settings"].get("policy", "run")))
+    return folder / f"metasd-{preset}-{policy}-{time.strftime('%Y%m%d-%H%M%S')}"
 
 
 def write_logs(record: dict[str, Any] | None):
@@ -659,12 +666,12 @@ def build_demo() -> gr.Blocks:
                             policy = gr.Dropdown(_policy_choices(drafters0), value="metasd-ucb", label="Policy", scale=1,
                                                  allow_custom_value=True, min_width=140)
                         policy_help = gr.Markdown(_policy_info("metasd-ucb"), elem_classes="compact-md")
-                        with gr.Accordion("Examples", open=True, elem_id="examples-box"):
-                            with gr.Tabs(elem_id="examples"):
-                                for task in TASKS:
-                                    with gr.Tab(TASK_TITLES.get(task, task)):
-                                        gr.Examples([[e["turns"][0]] for e in EXAMPLES if e["category"] == task],
-                                                    inputs=[prompt], label=None, examples_per_page=4)
+                        # One list, each example named by its task; page 1 holds one example of every task.
+                        shown = sorted(EXAMPLES, key=lambda e: ([x for x in EXAMPLES if x["category"] == e["category"]].index(e),
+                                                                TASKS.index(e["category"])))
+                        gr.Examples([[e["turns"][0]] for e in shown], inputs=[prompt], label="Examples",
+                                    example_labels=[_example_label(e) for e in shown], examples_per_page=len(TASKS),
+                                    elem_id="examples")
                         with gr.Accordion("More settings: preset, drafters, reward, \u03b3, sampling", open=False,
                                           elem_id="settings"):
                             preset = gr.Dropdown(presets, value=preset0, label="Preset", info=_preset_info(preset0),
@@ -722,6 +729,8 @@ def build_demo() -> gr.Blocks:
                 gen = busy.then(generate_view, gen_inputs, gen_outputs, api_name="generate",
                                 concurrency_limit=GEN_CONCURRENCY, concurrency_id="model", show_progress="full",
                                 show_progress_on=[tokens])
+                # A refused request (gr.Error) ends the chain in the browser: give the buttons back there too.
+                gen.failure(_idle, None, [run_btn, stop_btn], api_visibility="private", queue=False)
                 after = gen.then(_idle, None, [run_btn, stop_btn], api_visibility="private", queue=False)
                 after = after.then(write_logs, record, [csv_btn, json_btn], api_visibility="private", queue=False)
                 after.then(measure_baseline, [record, baselines, auto_base], [stats, baselines], api_visibility="private",
@@ -759,7 +768,8 @@ def build_demo() -> gr.Blocks:
                     c_btn = gr.Button("Compare drafters on this prompt", variant="primary")
                     c_table = gr.DataFrame(label="Methods (greedy; speed-up against the target alone, measured here)",
                                            interactive=False)
-                    c_bars = gr.Plot(show_label=False)
+                    c_bars = gr.Plot(viz.empty_figure("Speed-up over the target alone", "compare to see the bars"),
+                                     show_label=False)
                     c_views = gr.HTML(js_on_load=None)
                     c_btn.click(compare_prompt, [c_prompt, c_preset, c_policy, c_tokens], [c_table, c_views, c_bars],
                                 api_name="compare", concurrency_limit=GEN_CONCURRENCY, concurrency_id="model")
@@ -771,8 +781,9 @@ def build_demo() -> gr.Blocks:
                         s_per = gr.Slider(1, 10, value=1, step=1, label="Prompts per category")
                     s_btn = gr.Button("Run the prompt set", variant="primary")
                     with gr.Row():
-                        s_heat = gr.Plot(show_label=False)
-                        s_bars = gr.Plot(show_label=False)
+                        s_heat = gr.Plot(viz.acceptance_heatmap(pd.DataFrame()), show_label=False)
+                        s_bars = gr.Plot(viz.empty_figure("Speed-up over the target alone", "run a prompt set"),
+                                         show_label=False)
                     s_table = gr.DataFrame(pd.DataFrame(columns=["method", "question_id", "category", "tokens_per_s",
                                                                  "speedup", "acceptance_rate"]),
                                            label="Results (one row per method and prompt)", interactive=False, max_height=320)
@@ -822,7 +833,15 @@ def build_demo() -> gr.Blocks:
 # ones and a plain string breaks that comparison. System fonts only: the page loads nothing from outside.
 THEME = gr.themes.Soft(primary_hue="indigo", neutral_hue="slate",
                        font=[gr.themes.Font(f) for f in ("Inter", "ui-sans-serif", "system-ui", "sans-serif")],
-                       font_mono=[gr.themes.Font(f) for f in ("ui-monospace", "JetBrains Mono", "Menlo", "monospace")])
+                       font_mono=[gr.themes.Font(f) for f in ("ui-monospace", "JetBrains Mono", "Menlo", "monospace")]).set(
+    # WCAG AA contrast (4.5:1): the Soft theme's indigo-500 labels, buttons and tabs and its slate-400 hints
+    # fall short (axe-core counts 8+ findings on a bare page); one or two shades darker pass.
+    block_label_text_color="*primary_700", block_title_text_color="*primary_700", color_accent="*primary_600",
+    body_text_color_subdued="*neutral_600", input_placeholder_color="*neutral_500",
+    button_primary_background_fill="*primary_600", button_primary_background_fill_hover="*primary_700",
+    button_primary_border_color="*primary_600", button_primary_border_color_hover="*primary_700",
+    checkbox_label_background_fill_selected="*primary_600", slider_color="*primary_600",
+)
 CSS = (ASSETS / "style.css").read_text(encoding="utf-8")
 # Keyboard: Ctrl+Enter (Cmd+Enter) runs, Esc stops. Captured before the text box sees the keys, so a
 # Ctrl+Enter in the prompt does not also submit it a second time.

@@ -248,7 +248,16 @@ def regret_figure(rounds: Sequence[RoundEvent]) -> go.Figure:
 def figure_json(spec: Mapping[str, Any]) -> str:
     """A figure dict as the JSON plotly.js reads (what go.Figure.to_json gives, without re-validating
     every point: the live view sends it several times a second)."""
-    return pio.to_json(dict(spec), validate=False)
+    return pio.to_json(_without_none(dict(spec)), validate=False)
+
+
+def _without_none(x: Any) -> Any:
+    """Drop None values as plotly's validation does: plotly.js fails on an update that sets e.g. a null range."""
+    if isinstance(x, dict):
+        return {k: _without_none(v) for k, v in x.items() if v is not None}
+    if isinstance(x, list):
+        return [_without_none(v) for v in x]
+    return x
 
 
 def empty_figure(title: str, note: str = "", height: int = 280) -> go.Figure:

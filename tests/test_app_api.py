@@ -49,7 +49,7 @@ def test_generate_streams_rounds_and_matches_engine(app_url):  # noqa: F811
     client = Client(app_url, verbose=False)
     job = client.submit(PROMPT, preset="offline", max_new_tokens=24, api_name="/generate")
     updates = [out for out in job]
-    assert len(updates) >= 3, "expected one update per round"
+    assert len(updates) >= 3, "the page streams: a first frame at once, frames while the engine runs, a final one"
     texts = [parse(u[0]).out for u in updates]
     lengths = [len("".join(t)) for t in texts]
     assert lengths == sorted(lengths) and lengths[0] < lengths[-1], "the token view grows round by round"
@@ -60,7 +60,8 @@ def test_generate_streams_rounds_and_matches_engine(app_url):  # noqa: F811
     final = "".join(parse(updates[-1][0]).out)
     assert final == "".join("".join(ev.emitted_text) for ev in rounds)
     assert final.strip() == summary.text.strip()
-    assert len(updates) >= len(rounds)  # one per round (plus the summary's)
+    # frames are bounded by rounds (several rounds per frame when the engine is fast), plus the start and the end
+    assert len(updates) <= len(rounds) + 2
 
 
 @pytest.mark.offline_model

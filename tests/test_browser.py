@@ -1,10 +1,15 @@
-"""The page in real headless Chromium (Debian's /usr/bin/chromium): run an example, see it render.
+"""The page in real headless Chromium (Debian's /usr/bin/chromium, driven by Playwright), clicked as a
+person clicks it: streaming and colours, Stop mid-answer, the projector layout, the keyboard,
+accessibility (axe-core), honest input limits.
 
-Also writes assets/screenshot.png, the README's screenshot. Fails (never skips) without Chromium.
+Also writes assets/screenshot.png, the README's screenshot (1280x720, a projector). Fails (never
+skips) without Chromium.
 """
 
 from __future__ import annotations
 
+import re
+import time
 from pathlib import Path
 
 import pytest
@@ -15,71 +20,207 @@ CHROMIUM = Path("/usr/bin/chromium")
 SCREENSHOT = Path(__file__).resolve().parents[1] / "assets" / "screenshot.png"
 ARGS = ["--no-sandbox", "--disable-gpu", "--no-first-run", "--disable-background-networking",
         "--disable-component-update", "--disable-sync", "--disable-quic"]
+PROJECTOR = {"width": 1280, "height": 720}
+LONG_PROMPT = "Write a long, detailed story about a lighthouse keeper and a storm, in many paragraphs."
+AXE_TAGS = ["wcag2a", "wcag2aa", "wcag21a", "wcag21aa"]
+
+pytestmark = [pytest.mark.browser, pytest.mark.offline_model]
 
 
-@pytest.mark.browser
-@pytest.mark.offline_model
-@pytest.mark.timeout(300)
-def test_page_streams_coloured_tokens_and_plots(app_url):  # noqa: F811
+@pytest.fixture(scope="module")
+def browser():
     assert CHROMIUM.exists(), f"{CHROMIUM} is missing: install Debian's chromium (make browser)"
-    from playwright.sync_api import expect, sync_playwright
+    from playwright.sync_api import sync_playwright
 
     with sync_playwright() as p:
-        browser = p.chromium.launch(executable_path=str(CHROMIUM), args=ARGS, headless=True)
-        try:
-            page = browser.new_page(viewport={"width": 1400, "height": 1000}, device_scale_factor=1)
-            errors: list[str] = []
-            page.on("pageerror", lambda e: errors.append(str(e)))
-            page.goto(app_url, wait_until="domcontentloaded")
-            expect(page.locator("#run")).to_be_visible(timeout=60_000)
+        b = p.chromium.launch(executable_path=str(CHROMIUM), args=ARGS, headless=True)
+        yield b
+        b.close()
 
-            # Pick an example from the RAG group: it fills the prompt box.
-            page.get_by_role("tab", name="RAG", exact=True).click()
-            page.get_by_text("The Aurora Research", exact=False).first.click()
-            expect(page.locator("#prompt textarea")).to_have_value(
-                __import__("re").compile("Aurora Research Station"), timeout=10_000)
 
-            page.locator("#run").click()
-            # Tokens stream in, coloured by drafter; the run ends with a summary line.
-            expect(page.locator("#tokens .tok.acc").first).to_be_visible(timeout=120_000)
-            expect(page.locator("#tokens .tok-status")).to_contain_text("done", timeout=180_000)
+@pytest.fixture
+def page(browser, app_url):  # noqa: F811
+    from playwright.sync_api import expect
 
-            legend = page.locator("#tokens .tok-legend .chip[data-drafter]")
-            import app
+    ctx = browser.new_context(viewport=PROJECTOR, device_scale_factor=1)
+    pg = ctx.new_page()
+    errors: list[str] = []
+    pg.on("pageerror", lambda e: errors.append(str(e)))
+    pg.goto(app_url, wait_until="domcontentloaded")
+    expect(pg.locator("#run")).to_be_visible(timeout=60_000)
+    pg.js_errors = errors
+    yield pg
+    ctx.close()
 
-            names = app.get_bundle("offline").drafter_names
-            expect(legend).to_have_count(len(names))
-            assert legend.all_inner_texts() == names
-            backgrounds = page.eval_on_selector_all(
-                "#tokens .tok.acc", "els => els.map(e => [e.dataset.drafter, getComputedStyle(e).backgroundColor])")
-            assert backgrounds and all(bg not in ("rgba(0, 0, 0, 0)", "transparent") for _, bg in backgrounds)
-            per_drafter = {d: bg for d, bg in backgrounds}
-            assert len(set(per_drafter.values())) == len(per_drafter), "each drafter has its own colour"
-            target_bg = page.eval_on_selector("#tokens .tok.tgt", "e => getComputedStyle(e).backgroundColor")
-            assert target_bg in ("rgba(0, 0, 0, 0)", "transparent"), "target tokens are neutral"
-            if page.locator("#tokens .tok.rej").count():
-                deco = page.eval_on_selector("#tokens .tok.rej", "e => getComputedStyle(e).textDecorationLine")
-                assert "line-through" in deco
-                # the toggle hides rejected tokens without re-running
-                page.get_by_label("Show rejected draft tokens").uncheck()
-                expect(page.locator("#tokens .tok.rej").first).to_be_hidden()
-                page.get_by_label("Show rejected draft tokens").check()
-                expect(page.locator("#tokens .tok.rej").first).to_be_visible()
 
-            # Both plots render as plotly SVG with their traces.
-            for pid in ("arm-probabilities", "regret"):
-                expect(page.locator(f"#{pid} .js-plotly-plot .main-svg").first).to_be_visible(timeout=30_000)
-                assert page.locator(f"#{pid} .scatterlayer .trace").count() >= 1
-            expect(page.locator("#regret")).to_contain_text("estimated")
-            # The background measurement of the target alone turns into a measured speed-up.
-            expect(page.locator("#stats")).to_contain_text("target alone:", timeout=120_000)
-            expect(page.locator("#drafter-table")).to_contain_text("prompt-lookup")
+def set_max_new_tokens(page, n: int) -> None:
+    box = page.locator("#max-new-tokens input[type=number]")
+    box.fill(str(n))
+    box.press("Enter")
 
-            page.mouse.move(0, 0)
-            page.wait_for_timeout(400)
-            SCREENSHOT.parent.mkdir(exist_ok=True)
-            page.screenshot(path=str(SCREENSHOT), full_page=True)
-            assert SCREENSHOT.stat().st_size > 20_000
-            assert not errors, errors
-        finally:
-            browser.close()
+
+def wait_idle(page, timeout_ms: int = 180_000) -> None:
+    """The run and what follows it (logs, the target-alone measurement) are over: Run is enabled again
+    and the stat cards say whether the speed-up was measured."""
+    from playwright.sync_api import expect
+
+    expect(page.locator("#run")).to_be_enabled(timeout=timeout_ms)
+    expect(page.locator("#stats .card").last).not_to_contain_text("not measured yet", timeout=timeout_ms)
+
+
+@pytest.mark.timeout(400)
+def test_page_streams_coloured_tokens_and_plots(page):
+    from playwright.sync_api import expect
+
+    import app
+
+    # Pick the RAG example from the list (each example is named by its task): it fills the prompt box.
+    page.locator("#examples").get_by_text("RAG \u00b7 Use only the context", exact=False).first.click()
+    expect(page.locator("#prompt textarea")).to_have_value(re.compile("Aurora Research Station"), timeout=10_000)
+
+    page.locator("#run").click()
+    # Run says at once that it runs; Stop is live only now.
+    expect(page.locator("#run")).to_be_disabled(timeout=5_000)
+    expect(page.locator("#stop")).to_be_enabled(timeout=5_000)
+    # Tokens stream in, coloured by drafter; the run ends with a summary line.
+    expect(page.locator("#tokens .tok.acc").first).to_be_visible(timeout=120_000)
+    expect(page.locator("#tokens .tok-status")).to_contain_text("done", timeout=180_000)
+    expect(page.locator("#stop")).to_be_disabled(timeout=10_000)
+
+    legend = page.locator("#tokens .tok-legend .chip[data-drafter]")
+    names = app.get_bundle("offline").drafter_names
+    expect(legend).to_have_count(len(names))
+    assert legend.evaluate_all("els => els.map(e => e.dataset.drafter)") == names
+    assert [t.split()[-1] for t in legend.all_inner_texts()] == names
+    looks = page.eval_on_selector_all(
+        "#tokens .tok.acc", "els => els.map(e => { const s = getComputedStyle(e); "
+        "return [e.dataset.drafter, s.backgroundColor, s.textDecorationLine, s.textDecorationStyle]; })")
+    assert looks and all(bg not in ("rgba(0, 0, 0, 0)", "transparent") for _, bg, _, _ in looks)
+    assert all("underline" in line for _, _, line, _ in looks), "accepted tokens are underlined"
+    per_drafter = {d: (bg, style) for d, bg, _, style in looks}
+    assert len({bg for bg, _ in per_drafter.values()}) == len(per_drafter), "each drafter has its own colour"
+    assert len({st for _, st in per_drafter.values()}) == len(per_drafter), "... and its own underline style"
+    target_bg = page.eval_on_selector("#tokens .tok.tgt", "e => getComputedStyle(e).backgroundColor")
+    assert target_bg in ("rgba(0, 0, 0, 0)", "transparent"), "target tokens are neutral"
+    hover = page.eval_on_selector("#tokens .tok.acc", "e => e.title")
+    assert hover.split(",")[0] in names and "p = " in hover, "the drafter's name and p, q on hover"
+    if page.locator("#tokens .tok.rej").count():
+        deco = page.eval_on_selector("#tokens .tok.rej", "e => getComputedStyle(e).textDecorationLine")
+        assert "line-through" in deco
+        # the toggle hides rejected tokens without re-running
+        page.get_by_label("Show rejected draft tokens").uncheck()
+        expect(page.locator("#tokens .tok.rej").first).to_be_hidden()
+        page.get_by_label("Show rejected draft tokens").check()
+        expect(page.locator("#tokens .tok.rej").first).to_be_visible()
+
+    # Both plots render as plotly SVG with their traces.
+    for pid in ("arm-probabilities", "regret"):
+        expect(page.locator(f"#{pid} .js-plotly-plot .main-svg").first).to_be_visible(timeout=30_000)
+        assert page.locator(f"#{pid} .scatterlayer .trace").count() >= 1
+    expect(page.locator("#regret")).to_contain_text("estimated")
+    # The background measurement of the target alone turns into a measured speed-up.
+    expect(page.locator("#stats")).to_contain_text("target alone:", timeout=120_000)
+    expect(page.locator("#stats")).to_contain_text(re.compile(r"drew \d+ frames for \d+ rounds"))
+    expect(page.locator("#drafter-table")).to_contain_text("prompt-lookup")
+    # The answer as plain text, beside the coloured view.
+    page.get_by_text("The answer as plain text").click()
+    expect(page.locator("#answer-text textarea")).to_have_value(re.compile(r"\w{3,}"))
+    page.get_by_text("The answer as plain text").click()
+
+    wait_idle(page)
+    page.mouse.move(0, 0)
+    page.evaluate("window.scrollTo(0, 0)")
+    page.wait_for_timeout(400)
+    SCREENSHOT.parent.mkdir(exist_ok=True)
+    page.screenshot(path=str(SCREENSHOT))  # what a projector shows: 1280x720, the first screen
+    assert SCREENSHOT.stat().st_size > 20_000
+    assert not page.js_errors, page.js_errors
+
+
+@pytest.mark.timeout(400)
+def test_stop_by_mouse_mid_answer_keeps_the_answer_on_the_first_screen(page):
+    from playwright.sync_api import expect
+
+    page.locator("#prompt textarea").fill(LONG_PROMPT)
+    set_max_new_tokens(page, 256)
+    page.locator("#run").click()
+    expect(page.locator("#tokens .tok").first).to_be_visible(timeout=60_000)
+    # The answer is on the first screen of a projector, without scrolling.
+    box = page.locator("#tokens .tok-stream").bounding_box()
+    assert box and box["y"] >= 0 and box["y"] + 40 <= PROJECTOR["height"], box
+    assert page.evaluate("window.scrollY") == 0
+    page.wait_for_timeout(1500)
+    shown = page.locator("#tokens .tok").count()
+    assert shown > 0 and not page.locator("#tokens .tok-status").count(), "still streaming when Stop is clicked"
+    t0 = time.perf_counter()
+    page.locator("#stop").click()  # a real mouse click: move, press, release
+    expect(page.locator("#tokens .tok-status")).to_contain_text("stopped after", timeout=2_000)
+    took = time.perf_counter() - t0
+    print(f"\n[browser] Stop -> 'stopped' shown in {1000 * took:.0f} ms; {shown} spans before the click")
+    # Everything shown so far stays: tokens, numbers, plots, table, and the downloads of the partial run.
+    assert page.locator("#tokens .tok").count() >= shown
+    n = int(re.search(r"stopped after (\d+) tokens", page.locator("#tokens .tok-status").inner_text()).group(1))
+    assert 0 < n < 256
+    expect(page.locator("#stats .card").first).to_contain_text(f"{n} tokens")
+    assert page.locator("#arm-probabilities .scatterlayer .trace").count() >= 1
+    expect(page.locator("#run")).to_be_enabled(timeout=10_000)
+    expect(page.get_by_role("button", name="JSON")).to_be_enabled(timeout=10_000)
+    wait_idle(page)
+    page.wait_for_timeout(1000)
+    assert page.locator("#tokens .tok-status").inner_text().startswith("stopped after"), "nothing reset the view"
+    assert not page.js_errors, page.js_errors
+
+
+@pytest.mark.timeout(300)
+def test_keyboard_ctrl_enter_runs_and_escape_stops(page):
+    from playwright.sync_api import expect
+
+    page.locator("#prompt textarea").fill(LONG_PROMPT)
+    set_max_new_tokens(page, 256)
+    page.locator("#prompt textarea").press("Control+Enter")
+    expect(page.locator("#tokens .tok").first).to_be_visible(timeout=60_000)
+    assert "Write a long" in page.locator("#prompt textarea").input_value() and \
+        "\n" not in page.locator("#prompt textarea").input_value(), "Ctrl+Enter ran instead of adding a line"
+    page.keyboard.press("Escape")
+    expect(page.locator("#tokens .tok-status")).to_contain_text("stopped after", timeout=3_000)
+    wait_idle(page)
+
+
+@pytest.mark.timeout(200)
+def test_overlong_prompt_gets_a_visible_notice(page):
+    from playwright.sync_api import expect
+
+    from metasd.validation import MAX_PROMPT_CHARS
+
+    page.locator("#prompt textarea").fill("word " * 12_000)  # 60,000 characters
+    assert len(page.locator("#prompt textarea").input_value()) == 60_000, "the box must not cut the prompt silently"
+    page.locator("#run").click()
+    notice = page.get_by_text(re.compile(f"the limit is {MAX_PROMPT_CHARS:,}"))
+    expect(notice.first).to_be_visible(timeout=20_000)
+    expect(page.locator("#run")).to_be_enabled(timeout=10_000)
+
+
+@pytest.mark.timeout(400)
+def test_no_serious_accessibility_findings_on_any_tab(page):
+    from axe_playwright_python.sync_playwright import Axe
+    from playwright.sync_api import expect
+
+    axe = Axe()
+
+    def serious() -> list[str]:
+        res = axe.run(page, options={"runOnly": {"type": "tag", "values": AXE_TAGS}})
+        return [f"{v['id']}: {n['target']} {(n.get('any') or [{}])[0].get('message', '')}"
+                for v in res.response["violations"] if v["impact"] in ("serious", "critical") for n in v["nodes"]]
+
+    findings: dict[str, list[str]] = {}
+    # Generate, with an answer on it (coloured tokens, struck-through rejects, the stat cards).
+    set_max_new_tokens(page, 32)
+    page.locator("#run").click()
+    expect(page.locator("#tokens .tok-status")).to_be_visible(timeout=120_000)
+    wait_idle(page)
+    findings["Generate"] = serious()
+    for tab in ("Compare", "Bandit playground"):
+        page.get_by_role("tab", name=tab, exact=True).click()
+        page.wait_for_timeout(2500)
+        findings[tab] = serious()
+    assert not any(findings.values()), findings

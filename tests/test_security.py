@@ -148,12 +148,20 @@ def test_temp_files_are_private_and_unguessable():
                     p_draft=(0.9,), q_draft=(1.0,), accept_prob=(0.9,), reward=0.9, rewards={"prompt-lookup": 0.9},
                     probabilities={"prompt-lookup": 1.0}, regret=0.0, regret_measured=False, draft_ms=1.0, verify_ms=1.0,
                     overhead_ms=0.1, new_tokens=2, emitted_text=("a", "b"), draft_text=("a",))
-    record = {"prompt": "my private prompt", "rounds": [ev], "summary": None, "preset": "offline", "settings": {}}
+    record = {"prompt": "my private prompt", "rounds": [ev], "summary": None, "preset": "offline",
+              "settings": {"policy": "single:../../etc"}}
     csv, js = app.write_logs(record)
+    folders = set()
     for upd in (csv, js):
         path = Path(upd["value"])
-        assert path.parent == app.TMP and re.fullmatch(r"metasd-run-[0-9a-f]{32}\.(csv|json)", path.name)
+        # named by content (preset, policy, time), inside a private folder whose name nobody can guess
+        assert path.parent.parent == app.TMP and re.fullmatch(r"[0-9a-f]{32}", path.parent.name)
+        assert stat.S_IMODE(os.stat(path.parent).st_mode) == 0o700
+        assert re.fullmatch(r"metasd-offline-single-etc-\d{8}-\d{6}\.(csv|json)", path.name), path.name
+        folders.add(path.parent)
         path.unlink()
+    assert len(folders) == 1
+    folders.pop().rmdir()
 
 
 def test_input_limits_protect_the_host():

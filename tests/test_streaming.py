@@ -75,6 +75,9 @@ def test_streaming_html_is_a_prefix_of_every_later_frame(bundle):
     assert view.tokens_html("done").startswith(prev)
     assert view.stats()["new_tokens"] == summary.new_tokens
     assert view.stats()["tokens_per_s"] == summary.tokens_per_s
+    # plotly.js fails on an update that sets a property to null (e.g. an axis range): none are sent
+    for fig in (view.arm_json(), view.regret_json(), viz.LiveView(colors, bundle.drafter_names).arm_json()):
+        assert "null" not in fig
 
 
 def test_stop_during_a_burst_ends_the_worker_with_a_final_frame(bundle):
