@@ -38,7 +38,7 @@ from metasd.models import Bundle, cache_root, load_bundle
 from metasd.playground import SynthDrafter, compare, expected_speedup, expected_tokens
 from metasd.policies import POLICIES, POLICY_HELP
 from metasd.presets import DEFAULT_PRESET, PRESETS
-from metasd.streaming import EngineStream  # noqa: E402
+from metasd.streaming import EngineStream, FairSlots  # noqa: E402
 from metasd.validation import (
     MAX_PROMPT_CHARS,
     PROMPT_SET_MAX_BYTES,
@@ -100,6 +100,10 @@ def default_preset() -> str:
     want = os.environ.get("METASD_PRESET") or DEFAULT_PRESET
     return want if want in available_presets() else DEFAULT_PRESET
 
+
+# The model, shared by every request: Generate holds it for a whole answer, Compare one run at a time,
+# first come first served, so nobody waits for a whole prompt set.
+MODEL = FairSlots(GEN_CONCURRENCY)
 
 _bundles: dict[str, Bundle] = {}
 _bundle_lock = threading.Lock()
@@ -284,12 +288,20 @@ def generate_view(prompt: str, preset: str = DEFAULT_PRESET, drafters: list[str]
                                            "max_new_tokens": max_new_tokens, "temperature": temperature,
                                            "top_p": top_p, "seed": seed, "full_info": full_info}}
     view = viz.LiveView(viz.drafter_colors(names), record["drafters"], placeholder="prefill: reading the prompt ...")
-    stream = EngineStream(events, stop, max_fps=FRAME_FPS, torch_threads=None if HAS_CUDA else TORCH_THREADS)
+    stream: EngineStream | None = None
+    held = False
     plotted_at, plotted_rounds = -1e9, -1
     try:
-        # At once: the previous answer goes and the page shows that this one has started.
+        # At once: the previous answer goes and the page shows that this one has started (or waits).
+        held = MODEL.try_acquire()
+        note = ("starting: prefill ..." if held else
+                "waiting for the model: another user's Compare run has it for one more step ...")
         yield (view.tokens_html(), _plot(view.arm_json()), _plot(view.regret_json()),
-               _stats(view, record, baselines, "starting: prefill ..."), view.table(), "", None)
+               _stats(view, record, baselines, note), view.table(), "", None)
+        if not held:
+            MODEL.acquire()
+            held = True
+        stream = EngineStream(events, stop, max_fps=FRAME_FPS, torch_threads=None if HAS_CUDA else TORCH_THREADS)
         for batch, done in stream.batches():
             t_frame = time.perf_counter()
             for item in batch:
@@ -316,7 +328,12 @@ def generate_view(prompt: str, preset: str = DEFAULT_PRESET, drafters: list[str]
     except Exception as e:  # shown as a message, never a traceback; the log keeps the details
         raise _failure(e) from None
     finally:
-        stream.close()  # the worker ends within a round and frees the drafters' and the target's caches
+        if stream is not None:
+            stream.close()  # the worker ends within a round and frees the drafters' and the target's caches
+        else:
+            events.close()
+        if held:
+            MODEL.release()
         _end_run(key, stop)
 
 
@@ -404,9 +421,10 @@ def _measure_target(bundle: Bundle, prompt: str, n: int) -> tuple[list[int], flo
     if not HAS_CUDA:
         torch.set_num_threads(TORCH_THREADS)
     ids = encode_prompt(bundle, prompt, True)
-    t = time.perf_counter()
-    out = target_greedy(bundle, ids, n)
-    return out, time.perf_counter() - t
+    with MODEL.hold():
+        t = time.perf_counter()
+        out = target_greedy(bundle, ids, n)
+        return out, time.perf_counter() - t
 
 
 @gpu
@@ -442,35 +460,73 @@ def measure_baseline(record: dict[str, Any] | None, baselines: dict | None, auto
 # Compare: drafters alone vs the bandit, on one prompt or a prompt set.
 
 
+class Cancelled(Exception):
+    """The Compare run was cancelled (its Cancel button, or the tab closed)."""
+
+
 def _method_runs(bundle: Bundle, prompt: str, methods: list[str], max_new_tokens: int,
-                 progress: gr.Progress, label: str, done: int, total: int) -> tuple[dict[str, Any], float, list[int]]:
-    progress((done, total), desc=f"{label}: target alone")
+                 progress: Any, label: str, done: int, total: int,
+                 cancel: threading.Event | None = None, started: float | None = None) -> tuple[dict[str, Any], float, list[int]]:
+    """The target alone, then each method, on one prompt. Each run takes the model on its own (a Generate
+    request can go in between), and the progress line says how long the rest will take at this pace."""
+    started = time.perf_counter() if started is None else started
+
+    def step(i: int, what: str) -> None:
+        if cancel is not None and cancel.is_set():
+            raise Cancelled
+        left = ""
+        if done + i > 0:
+            per_run = (time.perf_counter() - started) / (done + i)
+            left = f" \u00b7 about {per_run * (total - done - i):.0f} s left"
+        progress((done + i, total), desc=f"{label}: {what}{left}")
+
+    step(0, "target alone")
     ids, secs = _measure_target(bundle, prompt, max_new_tokens)
     base_tps = len(ids) / secs if secs > 0 else 0.0
     out: dict[str, Any] = {}
     for i, m in enumerate(methods, 1):
-        progress((done + i, total), desc=f"{label}: {m}")
+        step(i, m)
         drafters = [m.split(":", 1)[1]] if m.startswith("single:") else None
-        out[m] = engine_run(bundle, prompt, drafters=drafters, policy=m, max_new_tokens=max_new_tokens)
+        with MODEL.hold():
+            out[m] = engine_run(bundle, prompt, drafters=drafters, policy=m, max_new_tokens=max_new_tokens)
     return out, base_tps, ids
+
+
+def _compare_key(request: gr.Request | None) -> str:
+    return f"{_session(request)}#compare"
+
+
+def cancel_compare(request: gr.Request = None) -> None:
+    """Cancel: the session's Compare run ends before its next run, keeping the results so far."""
+    with _stops_lock:
+        runs = list(_stops.get(_compare_key(request), ()))
+    for ev in runs:
+        ev.set()
 
 
 @gpu
 def compare_prompt(prompt: str, preset: str, policy: str, max_new_tokens: int,
-                   progress=gr.Progress()):  # noqa: B008  (gradio injects a tracker per call)
+                   progress=gr.Progress(), request: gr.Request = None):  # noqa: B008  (gradio injects a tracker per call)
     """One prompt under each drafter alone and under the bandit, side by side."""
     bundle = _bundle(preset)
     names = bundle.drafter_names
     methods = [f"single:{d}" for d in names] + [policy]
+    cancel = threading.Event()
+    key = _compare_key(request)
     try:
         max_new_tokens = int(number("max_new_tokens", max_new_tokens, True, (1, COMPARE_MAX_NEW_TOKENS)))
         prompt = _checked(bundle, prompt, COMPARE_MAX_NEW_TOKENS, policy=policy, max_new_tokens=max_new_tokens)
+        _start_run(key, cancel)
         runs, base_tps, ref = _method_runs(bundle, prompt, methods, max_new_tokens, progress, "prompt", 0,
-                                           len(methods) + 1)
+                                           len(methods) + 1, cancel)
     except InvalidInput as e:
         raise _refused(e) from None
+    except Cancelled:
+        raise gr.Error("Cancelled.", print_exception=False) from None
     except Exception as e:
         raise _failure(e) from None
+    finally:
+        _end_run(key, cancel)
     colors = viz.drafter_colors(names)
     rows = [{"method": "target alone", "new_tokens": len(ref), "tokens_per_s": round(base_tps, 2), "speedup": 1.0,
              "identical_to_target": True}]
@@ -489,8 +545,9 @@ def compare_prompt(prompt: str, preset: str, policy: str, max_new_tokens: int,
 
 @gpu
 def compare_set(source: str, upload: Any, per_category: int, preset: str, policy: str, max_new_tokens: int,
-                progress=gr.Progress()):  # noqa: B008  (gradio injects a tracker per call)
-    """A prompt set: each drafter alone and the bandit on every prompt; acceptance heatmap and speed-up bars."""
+                progress=gr.Progress(), request: gr.Request = None):  # noqa: B008  (gradio injects a tracker per call)
+    """A prompt set: each drafter alone and the bandit on every prompt; acceptance heatmap and speed-up bars,
+    updated after every prompt. Cancel ends it before its next run and keeps what it measured."""
     bundle = _bundle(preset)
     try:
         per_category = int(number("per_category", per_category, True))
@@ -511,27 +568,47 @@ def compare_set(source: str, upload: Any, per_category: int, preset: str, policy
         items = items[:COMPARE_MAX_PROMPTS]
     methods = [f"single:{d}" for d in bundle.drafter_names] + [policy]
     per = len(methods) + 1
-    rows = []
-    for k, it in enumerate(items):
-        try:
-            runs, base_tps, ref = _method_runs(bundle, it["prompt"], methods, max_new_tokens, progress,
-                                               f"{it['category']} {k + 1}/{len(items)}", k * per, len(items) * per)
-        except InvalidInput as e:  # e.g. a prompt longer than the model's context
-            gr.Warning(f"Skipped {it['question_id']}: {e}")
-            continue
-        except Exception as e:
-            raise _failure(e) from None
-        for m, (_, s) in runs.items():
-            rows.append(viz.method_row(m, s, base_tps, list(s.token_ids) == ref[: len(s.token_ids)],
-                                       it["category"], it["question_id"]))
+    colors = viz.drafter_colors(bundle.drafter_names)
+    rows: list[dict[str, Any]] = []
+    cancel = threading.Event()
+    key = _compare_key(request)
+    _start_run(key, cancel)
+    started = time.perf_counter()
+    cancelled_at = None
+    try:
+        for k, it in enumerate(items):
+            try:
+                runs, base_tps, ref = _method_runs(bundle, it["prompt"], methods, max_new_tokens, progress,
+                                                   f"{it['category']} {k + 1}/{len(items)}", k * per, len(items) * per,
+                                                   cancel, started)
+            except InvalidInput as e:  # e.g. a prompt longer than the model's context
+                gr.Warning(f"Skipped {it['question_id']}: {e}")
+                continue
+            except Cancelled:
+                cancelled_at = k
+                break
+            except Exception as e:
+                raise _failure(e) from None
+            for m, (_, s) in runs.items():
+                rows.append(viz.method_row(m, s, base_tps, list(s.token_ids) == ref[: len(s.token_ids)],
+                                           it["category"], it["question_id"]))
+            if k + 1 < len(items):  # the results so far, while the rest runs
+                df = pd.DataFrame(rows)
+                yield viz.acceptance_heatmap(df), viz.speedup_bars(df, colors), df, gr.skip()
+    finally:
+        _end_run(key, cancel)
     if not rows:
-        raise gr.Error("No prompt of the set could be run (see the warnings).")
+        raise gr.Error("Cancelled before the first prompt finished." if cancelled_at is not None
+                       else "No prompt of the set could be run (see the warnings).", print_exception=False)
+    if cancelled_at is not None:
+        gr.Warning(f"Cancelled: results for {cancelled_at} of {len(items)} prompts.")
     df = pd.DataFrame(rows)
     _prune_tmp()
-    path = TMP / f"metasd-compare-{uuid.uuid4().hex}.csv"
+    folder = TMP / uuid.uuid4().hex
+    folder.mkdir(mode=0o700)
+    path = folder / f"metasd-compare-{re.sub(r'[^A-Za-z0-9_-]+', '-', preset)}-{time.strftime('%Y%m%d-%H%M%S')}.csv"
     df.to_csv(path, index=False)
-    colors = viz.drafter_colors(bundle.drafter_names)
-    return viz.acceptance_heatmap(df), viz.speedup_bars(df, colors), df, gr.update(value=str(path), interactive=True)
+    yield viz.acceptance_heatmap(df), viz.speedup_bars(df, colors), df, gr.update(value=str(path), interactive=True)
 
 
 def _read_upload(upload: Any) -> bytes:
@@ -762,7 +839,8 @@ def build_demo() -> gr.Blocks:
                 with gr.Row():
                     c_preset = gr.Dropdown(presets, value=preset0, label="Preset", scale=1)
                     c_policy = gr.Dropdown([n for n in POLICIES], value="metasd-ucb", label="Bandit policy", scale=1)
-                    c_tokens = gr.Slider(8, COMPARE_MAX_NEW_TOKENS, value=64, step=8, label="Max new tokens", scale=2)
+                    c_tokens = gr.Slider(8, COMPARE_MAX_NEW_TOKENS, value=64, step=8, label="Max new tokens", scale=2,
+                                         elem_id="compare-max-new-tokens")
                 with gr.Accordion("One prompt, side by side", open=True):
                     c_prompt = gr.Textbox(label="Prompt", lines=3, value=EXAMPLES[8]["turns"][0], max_length=MAX_PROMPT_CHARS)
                     c_btn = gr.Button("Compare drafters on this prompt", variant="primary")
@@ -772,14 +850,18 @@ def build_demo() -> gr.Blocks:
                                      show_label=False)
                     c_views = gr.HTML(js_on_load=None)
                     c_btn.click(compare_prompt, [c_prompt, c_preset, c_policy, c_tokens], [c_table, c_views, c_bars],
-                                api_name="compare", concurrency_limit=GEN_CONCURRENCY, concurrency_id="model")
+                                api_name="compare", concurrency_limit=1, concurrency_id="compare")
                 with gr.Accordion("A prompt set: acceptance by drafter and task", open=True):
                     with gr.Row():
                         s_source = gr.Radio([("built-in examples", "examples"), ("uploaded JSONL", "upload")],
                                             value="examples", label="Prompts")
                         s_file = gr.File(label="Spec-Bench JSONL (question_id, category, turns)", file_types=[".jsonl", ".json"])
                         s_per = gr.Slider(1, 10, value=1, step=1, label="Prompts per category")
-                    s_btn = gr.Button("Run the prompt set", variant="primary")
+                    with gr.Row():
+                        s_btn = gr.Button("Run the prompt set", variant="primary", scale=3, elem_id="compare-run")
+                        s_cancel = gr.Button("Cancel", variant="stop", scale=1, elem_id="compare-cancel")
+                    gr.Markdown("Runs share the model with the Generate tab one step at a time: other users' answers are "
+                                "served between the steps. Cancel keeps the results so far.", elem_classes="compact-md")
                     with gr.Row():
                         s_heat = gr.Plot(viz.acceptance_heatmap(pd.DataFrame()), show_label=False)
                         s_bars = gr.Plot(viz.empty_figure("Speed-up over the target alone", "run a prompt set"),
@@ -790,7 +872,8 @@ def build_demo() -> gr.Blocks:
                     s_csv = gr.DownloadButton("Download results.csv", size="sm", interactive=False)
                     s_btn.click(compare_set, [s_source, s_file, s_per, c_preset, c_policy, c_tokens],
                                 [s_heat, s_bars, s_table, s_csv], api_name="compare_set",
-                                concurrency_limit=GEN_CONCURRENCY, concurrency_id="model")
+                                concurrency_limit=1, concurrency_id="compare")
+                    s_cancel.click(cancel_compare, None, None, api_visibility="private", queue=False)
 
             # ---------------------------------------------------------------- Playground
             with gr.Tab("Bandit playground", id="playground"):
@@ -825,6 +908,7 @@ def build_demo() -> gr.Blocks:
                 demo.load(run_playground, p_inputs, [p_probs, p_regret, p_summary, p_values], api_visibility="private")
         # A closed tab ends its generation (gradio also drops the run when the page's stream closes).
         demo.unload(stop_generation)
+        demo.unload(cancel_compare)
         _take_as_sent(gamma, max_new_tokens, temperature, top_p, seed, c_tokens, s_per, p_gamma, p_rounds, p_spread, p_seed)
     return demo
 

@@ -21,7 +21,9 @@ import math
 import queue
 import threading
 import time
+from collections import deque
 from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 import torch
@@ -137,3 +139,58 @@ class EngineStream:
     def alive(self) -> bool:
         return self._thread.is_alive()
 
+
+
+class FairSlots:
+    """At most `n` holders at once, served strictly first come, first served.
+
+    The model is one shared resource: a Generate request and a long Compare run take turns on it,
+    the Compare run one step at a time, so a Generate request waits for at most one step and never
+    for the whole prompt set. (A plain semaphore would let the Compare run re-take the slot it just
+    released before the waiting request wakes up.)
+    """
+
+    def __init__(self, n: int = 1):
+        if n < 1:
+            raise ValueError("n must be at least 1")
+        self._n = n
+        self._busy = 0
+        self._queue: deque[object] = deque()
+        self._cv = threading.Condition()
+
+    def acquire(self) -> None:
+        me = object()
+        with self._cv:
+            self._queue.append(me)
+            while self._queue[0] is not me or self._busy >= self._n:
+                self._cv.wait()
+            self._queue.popleft()
+            self._busy += 1
+            self._cv.notify_all()  # the next in line may take another free slot
+
+    def try_acquire(self) -> bool:
+        with self._cv:
+            if self._queue or self._busy >= self._n:
+                return False
+            self._busy += 1
+            return True
+
+    def release(self) -> None:
+        with self._cv:
+            if self._busy <= 0:
+                raise RuntimeError("release without acquire")
+            self._busy -= 1
+            self._cv.notify_all()
+
+    @contextmanager
+    def hold(self) -> Iterator[None]:
+        self.acquire()
+        try:
+            yield
+        finally:
+            self.release()
+
+    @property
+    def waiting(self) -> int:
+        with self._cv:
+            return len(self._queue)

@@ -224,3 +224,42 @@ def test_no_serious_accessibility_findings_on_any_tab(page):
         page.wait_for_timeout(2500)
         findings[tab] = serious()
     assert not any(findings.values()), findings
+
+
+@pytest.mark.timeout(600)
+def test_compare_cancel_and_generate_served_in_between(browser, app_url):  # noqa: F811
+    """A prompt set on Compare shares the model: another page's Generate run is served between its steps,
+    and Cancel ends the set within one step, keeping the results so far."""
+    from playwright.sync_api import expect
+
+    ctx_a = browser.new_context(viewport=PROJECTOR)
+    ctx_b = browser.new_context(viewport=PROJECTOR)
+    try:
+        a, b = ctx_a.new_page(), ctx_b.new_page()
+        for pg in (a, b):
+            pg.goto(app_url, wait_until="domcontentloaded")
+            expect(pg.locator("#run")).to_be_visible(timeout=60_000)
+        a.get_by_role("tab", name="Compare", exact=True).click()
+        box = a.locator("#compare-max-new-tokens input[type=number]")
+        box.fill("16")
+        box.press("Enter")
+        a.locator("#compare-run").click()
+        expect(a.get_by_text(re.compile(r"about \d+ s left")).first).to_be_visible(timeout=60_000)
+
+        # Meanwhile, another user generates: served between the Compare run's steps, not after the whole set.
+        set_max_new_tokens(b, 16)
+        t0 = time.perf_counter()
+        b.locator("#run").click()
+        expect(b.locator("#tokens .tok-status")).to_contain_text("done", timeout=90_000)
+        served = time.perf_counter() - t0
+        expect(a.get_by_text(re.compile(r"about \d+ s left")).first).to_be_visible(timeout=10_000)  # still running
+
+        t1 = time.perf_counter()
+        a.locator("#compare-cancel").click()
+        expect(a.get_by_text(re.compile(r"Cancelled")).first).to_be_visible(timeout=60_000)
+        ended = time.perf_counter() - t1
+        print(f"\n[browser] Generate served {served:.1f} s after Run during a Compare set; Cancel ended it in {ended:.1f} s")
+        expect(a.get_by_text(re.compile(r"about \d+ s left"))).to_have_count(0, timeout=10_000)
+    finally:
+        ctx_a.close()
+        ctx_b.close()

@@ -201,7 +201,7 @@ def test_uploaded_prompt_sets_are_checked(app, tmp_path_factory, lines, raw):
     ran: list = []
     with mock.patch.object(app, "_method_runs", recorder(ran)):
         try:
-            app.compare_set("upload", str(path), 10, "offline", "metasd-ucb", 8, progress=lambda *a, **k: None)
+            list(app.compare_set("upload", str(path), 10, "offline", "metasd-ucb", 8, progress=lambda *a, **k: None))
         except gr.Error as e:
             msg = str(e.message)
             assert "prompt file" in msg and "Traceback" not in msg, msg
@@ -231,11 +231,11 @@ def test_oversized_upload_is_refused_before_reading(app, tmp_path):
     path = tmp_path / "big.jsonl"
     path.write_bytes(b"x" * (app.PROMPT_SET_MAX_BYTES + 1))
     with pytest.raises(gr.Error, match="limit is 1,000,000"):
-        app.compare_set("upload", str(path), 1, "offline", "metasd-ucb", 8, progress=lambda *a, **k: None)
+        list(app.compare_set("upload", str(path), 1, "offline", "metasd-ucb", 8, progress=lambda *a, **k: None))
     with pytest.raises(gr.Error, match="Upload a JSONL"):
-        app.compare_set("upload", None, 1, "offline", "metasd-ucb", 8, progress=lambda *a, **k: None)
+        list(app.compare_set("upload", None, 1, "offline", "metasd-ucb", 8, progress=lambda *a, **k: None))
     with pytest.raises(gr.Error, match="unknown prompt source"):
-        app.compare_set("/etc/passwd", None, 1, "offline", "metasd-ucb", 8, progress=lambda *a, **k: None)
+        list(app.compare_set("/etc/passwd", None, 1, "offline", "metasd-ucb", 8, progress=lambda *a, **k: None))
 
 
 def test_prompt_longer_than_the_context_is_refused_with_the_limit(app):

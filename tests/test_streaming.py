@@ -156,3 +156,33 @@ def test_frame_rate_is_bounded_by_rendering_cost():
     list(stream.batches())
     with pytest.raises(ValueError):
         EngineStream(iter(()), threading.Event(), max_fps=0)
+
+
+def test_fair_slots_serve_first_come_first_served():
+    from metasd.streaming import FairSlots
+
+    slots = FairSlots(1)
+    order: list[str] = []
+    slots.acquire()  # a Compare run holds the model
+    ready = threading.Event()
+
+    def generate_request():
+        ready.set()
+        with slots.hold():
+            order.append("generate")
+
+    t = threading.Thread(target=generate_request)
+    t.start()
+    ready.wait(5)
+    while slots.waiting == 0:  # the request is in line
+        pass
+    slots.release()
+    # the Compare run releases and at once asks again: the waiting request goes first, not the Compare run
+    with slots.hold():
+        order.append("compare")
+    t.join(5)
+    assert order == ["generate", "compare"]
+    assert slots.try_acquire() and not slots.try_acquire()
+    slots.release()
+    with pytest.raises(RuntimeError):
+        slots.release()
