@@ -53,6 +53,10 @@ class Drafter(ABC):
     def propose(self, ids: list[int], k: int, s: Sampling, generator: torch.Generator | None) -> Draft:
         """Up to k tokens that should follow `ids`."""
 
+    def mark_scaffold(self, positions: frozenset[int]) -> None:  # noqa: B027 (optional hook)
+        """Prompt positions the user did not write (the chat template's roles, special tokens, the
+        generation prompt). A drafter that copies from the context must not copy those."""
+
     def observe(self, ids: list[int], verified: Verified) -> None:  # noqa: B027 (optional hook)
         """Learn from the target's verification (ids already include the emitted tokens)."""
 
@@ -101,21 +105,38 @@ class PromptLookup(Drafter):
     def __init__(self, name: str = "prompt-lookup", max_ngram: int = 3, min_ngram: int = 1) -> None:
         super().__init__(name)
         self.max_ngram, self.min_ngram = max_ngram, min_ngram
+        self.scaffold: frozenset[int] = frozenset()
 
     def reset(self, prompt_ids: list[int]) -> None:
-        pass  # stateless: it searches the context it is given
+        self.scaffold = frozenset()
+
+    def mark_scaffold(self, positions: frozenset[int]) -> None:
+        self.scaffold = frozenset(positions)
+
+    def _content(self, ids: list[int]) -> np.ndarray:
+        """The context with every scaffold position replaced by its own negative stand-in: the template's
+        "assistant" and newlines then neither match a query nor get copied into a draft."""
+        arr = np.asarray(ids, dtype=np.int64)
+        for i in self.scaffold:
+            if i < len(arr):
+                arr[i] = -1 - i
+        return arr
 
     def propose(self, ids, k, s, generator):
-        arr = np.asarray(ids, dtype=np.int64)
+        arr = self._content(ids)
         start = _last_match(arr, len(ids), self.max_ngram, self.min_ngram)
-        return Draft(ids[start : start + k] if start >= 0 else [], None)
+        if start < 0:
+            return Draft([], None)
+        cont = arr[start : start + k]
+        stop = np.flatnonzero(cont < 0)  # a copy ends where the user's text ends
+        return Draft([int(t) for t in cont[: stop[0] if stop.size else len(cont)]], None)
 
     def predict(self, ids, start, n, s):
-        arr = np.asarray(ids, dtype=np.int64)
+        arr = self._content(ids)
         out = []
         for j in range(start, start + n):
             m = _last_match(arr, j, self.max_ngram, self.min_ngram)
-            out.append(int(arr[m]) if m >= 0 else -1)
+            out.append(int(arr[m]) if m >= 0 and arr[m] >= 0 else -1)
         return torch.tensor(out)
 
 

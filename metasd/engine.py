@@ -47,6 +47,27 @@ def encode_prompt(bundle: Bundle, prompt: str | list[int], chat_template: bool) 
     return tok(prompt, add_special_tokens=True)["input_ids"]
 
 
+def scaffold_positions(bundle: Bundle, prompt: str | list[int], prompt_ids: list[int], chat_template: bool) -> frozenset[int]:
+    """Positions of `prompt_ids` the user did not write: the chat template's system turn, role names,
+    special tokens and the generation prompt. Found by rendering the template around an empty message:
+    what the two renderings share at the start and at the end is scaffolding."""
+    tok = bundle.tokenizer
+    if tok is None:
+        return frozenset()
+    special = set(getattr(tok, "all_special_ids", ()) or ())
+    marked = {i for i, t in enumerate(prompt_ids) if t in special}
+    if isinstance(prompt, str) and prompt and chat_template and getattr(tok, "chat_template", None):
+        empty = encode_prompt(bundle, "", True)
+        head = 0
+        while head < min(len(empty), len(prompt_ids)) and empty[head] == prompt_ids[head]:
+            head += 1
+        tail = 0
+        while tail < min(len(empty), len(prompt_ids)) - head and empty[-1 - tail] == prompt_ids[-1 - tail]:
+            tail += 1
+        marked |= set(range(head)) | set(range(len(prompt_ids) - tail, len(prompt_ids)))
+    return frozenset(marked)
+
+
 class TextPieces:
     """Incremental detokenisation: the text each new id adds (held back mid-character)."""
 
@@ -208,8 +229,10 @@ def _rounds(bundle: Bundle, prompt: str, prompt_ids: list[int], st: Settings, st
     target = bundle.target
     cache = DynamicCache(config=target.config)
     ids = list(prompt_ids)
+    scaffold = scaffold_positions(bundle, prompt, prompt_ids, st.chat_template)
     for d in arms:
         d.reset(prompt_ids)
+        d.mark_scaffold(scaffold)
     recyclers = [d for d in arms if isinstance(d, TokenRecycling)]
     if len(ids) > 1:
         keep = min(len(ids) - 1, 128) if recyclers else 1

@@ -136,3 +136,33 @@ def test_default_arms_come_from_the_preset(offline):
     assert s.config["drafters"] == offline.default_drafters
     _, s = run(offline, "Hi", max_new_tokens=2, policy="single:layer-skip")
     assert s.config["drafters"] == [*offline.default_drafters, "layer-skip"]
+
+
+@pytest.mark.offline_model
+def test_prompt_lookup_never_drafts_the_chat_templates_scaffolding(offline):
+    """The template's system turn, role names and generation prompt are not the user's text: prompt lookup
+    neither matches on them nor copies them (the first round used to draft "assistant" and be rejected)."""
+    from metasd.drafters import PromptLookup
+    from metasd.engine import scaffold_positions
+    from metasd.sampling import Sampling
+
+    prompt = "Summarize: the assistant named Ada repairs the old clock. The assistant works at night."
+    ids = encode_prompt(offline, prompt, True)
+    scaffold = scaffold_positions(offline, prompt, ids, True)
+    tok = offline.tokenizer
+    user = tok.decode([t for i, t in enumerate(ids) if i not in scaffold])
+    assert user.strip() == prompt, user  # exactly the user's message is content
+    assert "<|im_start|>" in tok.decode([ids[i] for i in sorted(scaffold)])
+    pl = PromptLookup()
+    pl.reset(ids)
+    s = Sampling(0.0, 1.0, 0)
+    # Without the mark, the generation prompt ("assistant" + newline) matches the system turn and gets drafted.
+    assert pl.propose(ids, 8, s, None).tokens
+    pl.mark_scaffold(scaffold)
+    assert pl.propose(ids, 8, s, None).tokens == [], "the query is scaffolding: nothing to propose"
+    # Once the answer has begun, copies come from the user's text and stop where it ends.
+    answer = tok(" The assistant", add_special_tokens=False)["input_ids"]
+    draft = pl.propose(ids + answer, 8, s, None).tokens
+    assert draft and all(t not in tok.all_special_ids for t in draft)
+    assert tok.decode(draft).strip() in prompt
+    assert all(t >= -1 for t in pl.predict(ids + answer, len(ids), len(answer), s).tolist())

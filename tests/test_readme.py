@@ -29,10 +29,9 @@ CLI_TIMEOUT_S = 180
 # (program, subcommand) of every command kind that has a smoke test in this file.
 COVERED = {("make", "run"), ("make", "test"), ("metasd", "generate"), ("metasd", "bench"), ("metasd.train", None)}
 
-# Files the README names that do not exist. Reported, not fixed here; each entry fails the test
-# once the file exists (or the README stops naming it), so that it is taken off this list.
-# "DESIGN.md": the README says "formula 4 of `DESIGN.md`"; the file is docs/DESIGN.md.
-KNOWN_MISSING = {"DESIGN.md"}
+# Files the README names that do not exist: none. An entry here would fail the test once the file
+# exists (or the README stops naming it), so the list cannot go stale.
+KNOWN_MISSING: set[str] = set()
 
 # Files the README names as outputs of a command (not files of the repository).
 OUTPUT_FILES = {"results.csv", "rounds.csv", "summary.md", "report.html"}
