@@ -788,15 +788,17 @@ def build_demo() -> gr.Blocks:
                                                      interactive=False, buttons=["copy"], elem_id="answer-text")
                         with gr.Accordion("How to read this", open=False, elem_id="how-to-read"):
                             gr.Markdown(HOW_TO_READ, elem_classes="compact-md")
-                with gr.Row(equal_height=False):
-                    with gr.Column(min_width=320):
-                        arm_plot = gr.Plot(_plot(empty.arm_json()), elem_id="arm-probabilities", show_label=False)
-                        gr.Markdown("The policy's probability of choosing each drafter before every round (stacked); "
-                                    "the ticks below mark the drafter it pulled.", elem_classes="caption")
-                    with gr.Column(min_width=320):
-                        regret_plot = gr.Plot(_plot(empty.regret_json()), elem_id="regret", show_label=False)
-                        gr.Markdown("Tokens lost so far against always using the drafter that was best in hindsight; "
-                                    "a curve that flattens means the bandit found it.", elem_classes="caption")
+                        # The plots under the answer, in the same column: at 1920x1080 answer and plots fit at once.
+                        with gr.Row(equal_height=False):
+                            with gr.Column(min_width=300):
+                                arm_plot = gr.Plot(_plot(empty.arm_json()), elem_id="arm-probabilities", show_label=False)
+                                gr.Markdown("The policy's probability of choosing each drafter before every round "
+                                            "(stacked); the ticks below mark the drafter it pulled.", elem_classes="caption")
+                            with gr.Column(min_width=300):
+                                regret_plot = gr.Plot(_plot(empty.regret_json()), elem_id="regret", show_label=False)
+                                gr.Markdown("Tokens lost so far against always using the drafter that was best in "
+                                            "hindsight; a curve that flattens means the bandit found it.",
+                                            elem_classes="caption")
                 with gr.Row():
                     table = gr.DataFrame(viz.drafter_table([], drafters0), label="Per drafter", interactive=False,
                                          elem_id="drafter-table", scale=4)
@@ -938,13 +940,21 @@ CSS = (ASSETS / "style.css").read_text(encoding="utf-8")
 # Keyboard: Ctrl+Enter (Cmd+Enter) runs, Esc stops. Captured before the text box sees the keys, so a
 # Ctrl+Enter in the prompt does not also submit it a second time.
 HEAD = """<script>
+// On a narrow screen the answer sits below the settings: bring it into view when a run starts.
+const showAnswer = () => setTimeout(() => {
+  const t = document.getElementById("tokens");
+  if (t && t.getBoundingClientRect().top > window.innerHeight * 0.6) t.scrollIntoView({behavior: "smooth", block: "start"});
+}, 50);
+document.addEventListener("click", (e) => { if (e.target.closest && e.target.closest("#run")) showAnswer(); }, true);
 document.addEventListener("keydown", (e) => {
   const click = (id) => {
     const b = document.getElementById(id);
     if (b && !b.disabled) { b.click(); return true; }
     return false;
   };
-  if (e.key === "Enter" && (e.ctrlKey || e.metaKey)) { if (click("run")) { e.preventDefault(); e.stopPropagation(); } }
+  if (e.key === "Enter" && (e.ctrlKey || e.metaKey)) {
+    if (click("run")) { e.preventDefault(); e.stopPropagation(); showAnswer(); }
+  }
   else if (e.key === "Escape") { click("stop"); }
 }, true);
 </script>"""

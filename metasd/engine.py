@@ -238,8 +238,13 @@ def _rounds(bundle: Bundle, prompt: str, prompt_ids: list[int], st: Settings, st
         keep = min(len(ids) - 1, 128) if recyclers else 1
         out = target(input_ids=torch.tensor([ids[:-1]], device=dev), past_key_values=cache,
                      use_cache=True, logits_to_keep=keep)
-        for d in recyclers:  # seed the successor table with what the target saw in the prompt
-            d.learn(ids[len(ids) - 1 - keep : len(ids) - 1], out.logits[0])
+        # Seed the successor table with what the target predicted after the user's own tokens (after the
+        # template's scaffolding it predicts more scaffolding: "<|im_start|>", "assistant", ...).
+        first = len(ids) - 1 - keep
+        rows = [j for j in range(keep) if first + j not in scaffold]
+        for d in recyclers:
+            if rows:
+                d.learn([ids[first + j] for j in rows], out.logits[0, rows])
     prefill_s = time.perf_counter() - t_start
 
     new_tokens = target_calls = accepted_total = 0

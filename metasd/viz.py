@@ -168,7 +168,7 @@ def output_text(rounds: Sequence[RoundEvent]) -> str:
 # Figures
 
 
-def _layout_dict(title: str, height: int = 280, **kw: Any) -> dict[str, Any]:
+def _layout_dict(title: str, height: int = 260, **kw: Any) -> dict[str, Any]:
     """The shared compact layout: small margins, small fonts, legend on top, a light template."""
     return dict(
         template=TEMPLATE, height=height, title=dict(text=title, x=0.01, y=0.97, font=dict(size=13)),
@@ -206,7 +206,7 @@ def _arm_spec(x: Sequence[int], probs: Mapping[str, Sequence[float]], pulled: Ma
                          hovertemplate=f"pulled {_esc(n)}<extra></extra>", xaxis="x", yaxis="y2"))
     xr = None if len(x) else [0.5, 10.5]
     layout = _layout_dict(
-        "Arm probabilities and the arm pulled each round", height=300,
+        "Arm probabilities and the arm pulled each round", height=270,
         xaxis=dict(anchor="y2", domain=[0, 1], title=dict(text="round"), range=xr),
         yaxis=dict(domain=[0.3, 1], range=[0, 1.0001], title=dict(text="P(arm)")),
         yaxis2=dict(domain=[0, 0.22], anchor="x", range=[-0.5, len(names) - 0.5], showticklabels=False, showgrid=False,

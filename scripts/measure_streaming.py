@@ -29,20 +29,21 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import metasd  # noqa: E402
 from metasd.events import Summary  # noqa: E402
 
-PROMPTS = {  # the page's default example first, then other kinds of prompt from the examples
-    "summarization (default)": 2,
+PROMPTS = {  # the page's opening example first, then other kinds of prompt from the examples
+    "rag (page default)": 8,
+    "summarization": 2,
     "translation": 0,
     "qa": 4,
     "code": 10,
 }
 
 
-def via_engine(bundle, prompt: str, n: int) -> dict:
+def via_engine(bundle, prompt: str, n: int, policy: str) -> dict:
     """The engine alone as the CLI runs it: this process's main thread, torch's default threads."""
     t0 = time.perf_counter()
     first = None
     summary = None
-    for ev in metasd.generate(bundle, prompt, max_new_tokens=n):
+    for ev in metasd.generate(bundle, prompt, max_new_tokens=n, policy=policy):
         if isinstance(ev, Summary):
             summary = ev
         elif first is None and ev.emitted:
@@ -56,10 +57,10 @@ def generate_fn_index(url: str) -> int:
     return next(d["id"] for d in config["dependencies"] if d.get("api_name") == "generate")
 
 
-def via_page(url: str, fn_index: int, drafters: list[str], prompt: str, n: int) -> dict:
+def via_page(url: str, fn_index: int, drafters: list[str], prompt: str, n: int, policy: str) -> dict:
     """One /generate call through gradio's queue, reading the server-sent events as the page does."""
     session = uuid.uuid4().hex[:11]
-    data = [prompt, "offline", drafters, "metasd-ucb", "bd", 4, n, 0.0, 1.0, 0, False, {}]
+    data = [prompt, "offline", drafters, policy, "bd", 4, n, 0.0, 1.0, 0, False, {}]
     t0 = time.perf_counter()
     r = httpx.post(f"{url}gradio_api/queue/join", json={"data": data, "fn_index": fn_index, "session_hash": session,
                                                         "event_data": None, "trigger_id": None}, timeout=30)
@@ -147,11 +148,11 @@ def report(url: str, fn_index: int, bundle, app, a: argparse.Namespace) -> None:
     ratios = []
     for name, idx in PROMPTS.items():
         prompt = app.EXAMPLES[idx]["turns"][0]
-        via_engine(bundle, prompt, 8)  # warm
+        via_engine(bundle, prompt, 8, app.PAGE_POLICY)  # warm
         eng, page = [], []
         for _ in range(a.repeats):
-            eng.append(via_engine(bundle, prompt, a.max_new_tokens))
-            page.append(via_page(url, fn_index, bundle.default_drafters, prompt, a.max_new_tokens))
+            eng.append(via_engine(bundle, prompt, a.max_new_tokens, app.PAGE_POLICY))
+            page.append(via_page(url, fn_index, bundle.default_drafters, prompt, a.max_new_tokens, app.PAGE_POLICY))
         e = max(eng, key=lambda r: r["tps"])
         p = min(page, key=lambda r: r["wall"])
         p_tps = e["tokens"] / p["wall"]
@@ -162,7 +163,7 @@ def report(url: str, fn_index: int, bundle, app, a: argparse.Namespace) -> None:
     print(f"\nmean page / engine: {sum(ratios) / len(ratios):.1%}")
     if a.long:
         long_prompt = "Write a long, detailed story about a lighthouse keeper and a storm, in many paragraphs."
-        p = via_page(url, fn_index, bundle.default_drafters, long_prompt, a.long)
+        p = via_page(url, fn_index, bundle.default_drafters, long_prompt, a.long, app.PAGE_POLICY)
         print(f"long answer: {p['tokens']} tokens, {p['frames']} frames, {p['bytes'] / 1000:.0f} kB streamed "
               f"({p['bytes'] / max(1, p['tokens']):.0f} bytes per token), {p['wall']:.1f} s")
 

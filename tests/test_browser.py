@@ -74,9 +74,9 @@ def test_page_streams_coloured_tokens_and_plots(page):
 
     import app
 
-    # Pick the RAG example from the list (each example is named by its task): it fills the prompt box.
-    page.locator("#examples").get_by_text("RAG \u00b7 Use only the context", exact=False).first.click()
-    expect(page.locator("#prompt textarea")).to_have_value(re.compile("Aurora Research Station"), timeout=10_000)
+    # Pick the first translation example from the list (each example is named by its task): it fills the prompt box.
+    page.locator("#examples").get_by_text("Translation \u00b7 Translate into French", exact=False).first.click()
+    expect(page.locator("#prompt textarea")).to_have_value(re.compile("Translate into French"), timeout=10_000)
 
     page.locator("#run").click()
     # Run says at once that it runs; Stop is live only now.
@@ -263,3 +263,30 @@ def test_compare_cancel_and_generate_served_in_between(browser, app_url):  # noq
     finally:
         ctx_a.close()
         ctx_b.close()
+
+
+@pytest.mark.timeout(400)
+def test_wide_screen_shows_answer_and_plots_and_a_phone_scrolls_to_the_answer(browser, app_url):  # noqa: F811
+    from playwright.sync_api import expect
+
+    for viewport, check in (({"width": 1920, "height": 1080}, "plots"), ({"width": 390, "height": 844}, "scroll")):
+        ctx = browser.new_context(viewport=viewport)
+        try:
+            pg = ctx.new_page()
+            pg.goto(app_url, wait_until="domcontentloaded")
+            expect(pg.locator("#run")).to_be_visible(timeout=60_000)
+            set_max_new_tokens(pg, 24)
+            pg.locator("#run").click()
+            expect(pg.locator("#tokens .tok").first).to_be_visible(timeout=60_000)
+            pg.wait_for_timeout(800)  # the smooth scroll on a phone
+            boxes = {i: pg.locator(f"#{i}").bounding_box() for i in ("tokens", "arm-probabilities", "regret")}
+            top = boxes["tokens"]["y"]
+            assert 0 <= top < viewport["height"] / 2, (viewport, boxes)  # the answer is where the eye is
+            if check == "plots":  # answer and both plots on one 1920x1080 screen
+                for i in ("arm-probabilities", "regret"):
+                    assert boxes[i]["y"] + boxes[i]["height"] <= viewport["height"], (i, boxes)
+            else:
+                assert pg.evaluate("window.scrollY") > 0, "the phone page scrolled the answer into view"
+            expect(pg.locator("#run")).to_be_enabled(timeout=120_000)
+        finally:
+            ctx.close()
