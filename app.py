@@ -38,6 +38,7 @@ from metasd.models import Bundle, cache_root, load_bundle
 from metasd.playground import SynthDrafter, compare, expected_speedup, expected_tokens
 from metasd.policies import POLICIES, POLICY_HELP
 from metasd.presets import DEFAULT_PRESET, PRESETS
+from metasd.registry import load_plugins
 from metasd.streaming import EngineStream, FairSlots  # noqa: E402
 from metasd.validation import (
     MAX_PROMPT_CHARS,
@@ -61,6 +62,9 @@ except ImportError:  # anywhere else: a no-op
 
 
 log = logging.getLogger("metasd.app")
+# Operator plugins (metasd.registry): modules named by whoever runs the server, never by the page. Their
+# drafters join every preset's list, each with a colour of its own.
+PLUGIN_DRAFTERS = load_plugins(os.environ.get("METASD_PLUGINS"))
 ROOT = Path(__file__).resolve().parent
 ASSETS = ROOT / "assets"
 HAS_CUDA = torch.cuda.is_available()

@@ -1,4 +1,6 @@
-"""Command line: `python -m metasd generate ...` and `python -m metasd bench ...` (docs/DESIGN.md §3)."""
+"""Command line: `python -m metasd generate | bench | drafters ...` (docs/DESIGN.md §3).
+
+Plugin drafters: the modules named in `METASD_PLUGINS` are imported first (metasd.registry)."""
 
 from __future__ import annotations
 
@@ -92,23 +94,64 @@ def cmd_generate(a: argparse.Namespace) -> int:
     return 0
 
 
+# The kind each built-in drafter kind is reported as (`drafters --json`).
+_KIND = {"prompt-lookup": "model-free", "token-recycling": "model-free", "layer-skip": "self", "model": "model",
+         "distilled": "distilled", "white-box": "white-box"}
+
+
+def _drafters_args(sub: argparse._SubParsersAction) -> None:
+    d = sub.add_parser("drafters", help="list every drafter of a preset (and the registered ones)")
+    d.add_argument("--preset", default=DEFAULT_PRESET, help=f"one of {', '.join(PRESETS)}")
+    d.add_argument("--json", action="store_true", help="print a JSON list of {name, kind, description, ...}")
+
+
+def cmd_drafters(a: argparse.Namespace) -> int:
+    """The preset's drafters from its spec (no model is loaded), then the registered ones."""
+    from metasd.registry import registered
+    from metasd.validation import InvalidInput
+
+    if a.preset not in PRESETS:
+        raise InvalidInput(f"unknown preset {a.preset!r}; choose one of {', '.join(PRESETS)}")
+    preset = PRESETS[a.preset]
+    rows = [{"name": s.name, "kind": _KIND.get(s.kind, s.kind), "description": s.description,
+             "default_arm": s.name in preset.bandit_drafters or not preset.bandit_drafters, "source": "preset"}
+            for s in preset.drafters]
+    rows += [{"name": r.name, "kind": r.kind, "description": r.description, "default_arm": False,
+              "source": f"plugin {r.module}"} for r in registered().values() if r.name not in {x["name"] for x in rows}]
+    if a.json:
+        print(json.dumps(rows, ensure_ascii=False))
+    else:
+        width = max(len(r["name"]) for r in rows)
+        for r in rows:
+            star = "*" if r["default_arm"] else " "
+            print(f"{star} {r['name']:{width}s}  {r['kind']:10s}  {r['description']}")
+        print("\n* a default arm of the bandit")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
+    from metasd.registry import load_plugins
     from metasd.validation import InvalidInput
 
     p = argparse.ArgumentParser(prog="python -m metasd", description=__doc__)
     sub = p.add_subparsers(dest="command", required=True)
     _generate_args(sub)
-    try:
-        from metasd.bench import add_bench_args
-    except ImportError:  # the benchmark module is optional in a trimmed install
-        add_bench_args = None
-    if add_bench_args is not None:
-        add_bench_args(sub)
+    _drafters_args(sub)
+    from metasd.bench import add_bench_args  # part of the package: a failing import is a real error
+
+    add_bench_args(sub)
     a = p.parse_args(argv)
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     try:
+        load_plugins(os.environ.get("METASD_PLUGINS"))
+    except (ValueError, RuntimeError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    try:
         if a.command == "generate":
             return cmd_generate(a)
+        if a.command == "drafters":
+            return cmd_drafters(a)
         return a.func(a)
     except InvalidInput as e:
         print(f"error: {e}", file=sys.stderr)

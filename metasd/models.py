@@ -141,13 +141,16 @@ class Bundle:
 
     @property
     def drafter_names(self) -> list[str]:
-        return list(self.specs)
+        """The preset's drafters, then every registered one (metasd.registry) of another name."""
+        from metasd.registry import registered
+
+        return list(self.specs) + [n for n in registered() if n not in self.specs]
 
     @property
     def default_drafters(self) -> list[str]:
         """The arms a bandit plays when none are named: the preset's choice among those loaded."""
         chosen = [n for n in self.specs if n in self.preset.bandit_drafters]
-        return chosen or self.drafter_names
+        return chosen or list(self.specs)  # registered drafters are there to be picked, not played by default
 
     @property
     def max_context(self) -> int:
@@ -165,9 +168,13 @@ class Bundle:
     def make_drafters(self, names: list[str]) -> list[Drafter]:
         """Fresh per-request drafter objects (their own caches and tables)."""
         out: list[Drafter] = []
+        from metasd.registry import make_registered
+
         for name in names:
-            spec = self.specs[name]
-            if spec.kind == "prompt-lookup":
+            spec = self.specs.get(name)
+            if spec is None:  # brought by the user: register_drafter(name, make)
+                out.append(make_registered(name, self))
+            elif spec.kind == "prompt-lookup":
                 out.append(PromptLookup(name))
             elif spec.kind == "token-recycling":
                 out.append(TokenRecycling(name, vocab_size=self.target_vocab))

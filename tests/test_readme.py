@@ -27,7 +27,8 @@ README = ROOT / "README.md"
 CLI_TIMEOUT_S = 180
 
 # (program, subcommand) of every command kind that has a smoke test in this file.
-COVERED = {("make", "run"), ("make", "test"), ("metasd", "generate"), ("metasd", "bench"), ("metasd.train", None)}
+COVERED = {("make", "run"), ("make", "test"), ("metasd", "generate"), ("metasd", "bench"), ("metasd", "drafters"),
+           ("metasd.train", None)}
 
 # Files the README names that do not exist: none. An entry here would fail the test once the file
 # exists (or the README stops naming it), so the list cannot go stale.
@@ -162,8 +163,8 @@ def test_readme_subcommands_are_real():
 
 
 @pytest.mark.timeout(120)
-@pytest.mark.parametrize("key", [("metasd", "generate"), ("metasd", "bench"), ("metasd.train", None)],
-                         ids=["generate", "bench", "train"])
+@pytest.mark.parametrize("key", [("metasd", "generate"), ("metasd", "bench"), ("metasd", "drafters"),
+                                 ("metasd.train", None)], ids=["generate", "bench", "drafters", "train"])
 def test_readme_flags_exist(key):
     """Every flag the README shows for a command is in that command's --help."""
     module, sub = key
@@ -341,10 +342,25 @@ def fewer_tokens(code: str) -> str:
     return small
 
 
+@pytest.mark.timeout(CLI_TIMEOUT_S)
+def test_drafters_command():
+    (cmd,) = commands_of(("metasd", "drafters"))
+    rows = json.loads(ok(run([program(cmd), "-m", "metasd", "drafters", "--json"])).stdout)
+    assert rows and all({"name", "kind", "description"} <= set(r) for r in rows)
+
+
+@pytest.mark.offline_model
+@pytest.mark.timeout(CLI_TIMEOUT_S)
+def test_bring_your_own_drafter_snippet_runs():
+    code = fewer_tokens(snippet("register_drafter"))
+    p = ok(run([sys.executable, "-c", code]))
+    assert "drafter='echo-last'" in p.stdout and "Summary(" in p.stdout, p.stdout[-2000:]
+
+
 @pytest.mark.offline_model
 @pytest.mark.timeout(CLI_TIMEOUT_S)
 def test_library_snippet_runs():
-    code = fewer_tokens(snippet("load_bundle"))
+    code = fewer_tokens(snippet("RoundEvent"))
     p = ok(run([sys.executable, "-c", code]))
     lines = [ln for ln in p.stdout.splitlines() if ln.strip()]
     assert len(lines) >= 2, f"expected a line per round and one for the summary:\n{p.stdout}"

@@ -237,3 +237,23 @@ def test_spacefile_run_command_serves():
         assert http_status(served.url) == 200
         assert_binds_all_interfaces(served)
         assert served.proc.poll() is None, served.output()
+
+
+@pytest.mark.offline_model
+@pytest.mark.timeout(200)
+def test_operator_plugins_join_the_page():
+    """METASD_PLUGINS, set by whoever starts the server: the plugin's drafter is offered and runs."""
+    from gradio_client import Client
+
+    port = free_port()
+    env = scrubbed_env(METASD_PLUGINS="tests.plugins.echo_drafter")
+    with started([sys.executable, "app.py", "--port", str(port)], env, port) as served:
+        client = Client(served.url, verbose=False)
+        out = client.predict("Count: 1, 1, 1, 1, 1,", drafters=["prompt-lookup", "echo-last"], policy="single:echo-last",
+                             max_new_tokens=12, api_name="/generate")
+        assert 'data-drafter="echo-last"' in out[0], out[0][-2000:]  # in the legend, with a colour of its own
+        assert "Traceback" not in served.output()
+    # A plugin that cannot be imported stops the start with a message naming it, instead of serving without it.
+    p = subprocess.run([sys.executable, "app.py", "--port", str(free_port())], cwd=ROOT, capture_output=True, text=True,
+                       env=scrubbed_env(METASD_PLUGINS="no_such_plugin"), timeout=120)
+    assert p.returncode != 0 and "could not import 'no_such_plugin'" in p.stderr, p.stderr[-2000:]
