@@ -39,6 +39,8 @@ from metasd.playground import SynthDrafter, compare, expected_speedup, expected_
 from metasd.policies import POLICIES, POLICY_HELP
 from metasd.presets import DEFAULT_PRESET, PRESETS
 from metasd.registry import load_plugins
+from metasd.runfile import MAX_BYTES as RUN_MAX_BYTES
+from metasd.runfile import Replay, parse_run, run_document
 from metasd.streaming import EngineStream, FairSlots  # noqa: E402
 from metasd.validation import (
     MAX_PROMPT_CHARS,
@@ -238,6 +240,7 @@ def _baseline_key(preset: str, prompt: str, n: int) -> str:
     return json.dumps([preset, prompt, n])
 
 
+STREAM_PLACEHOLDER = "prefill: reading the prompt ..."  # shared by live runs and replays: same final HTML
 SPEEDUP_HINT = ("Speed-up needs the target alone on this prompt: press \u201cMeasure target alone\u201d "
                 "or tick auto-measure.")
 PLOT_INTERVAL_S = 0.5  # figures and the table refresh at most twice a second; the tokens up to FRAME_FPS
@@ -298,7 +301,7 @@ def generate_view(prompt: str, preset: str = DEFAULT_PRESET, drafters: list[str]
                               "settings": {"policy": policy, "reward": reward, "gamma": gamma,
                                            "max_new_tokens": max_new_tokens, "temperature": temperature,
                                            "top_p": top_p, "seed": seed, "full_info": full_info}}
-    view = viz.LiveView(viz.drafter_colors(names), record["drafters"], placeholder="prefill: reading the prompt ...")
+    view = viz.LiveView(viz.drafter_colors(names), record["drafters"], placeholder=STREAM_PLACEHOLDER)
     stream: EngineStream | None = None
     held = False
     plotted_at, plotted_rounds = -1e9, -1
@@ -403,8 +406,10 @@ def write_logs(record: dict[str, Any] | None):
     _prune_tmp()
     stem = _download_stem(record)
     viz.rounds_frame(record["rounds"]).to_csv(stem.with_suffix(".csv"), index=False)
-    obj = viz.run_record(record["prompt"], record["rounds"], record.get("summary"),
-                         {"preset": record["preset"], "settings": record["settings"]})
+    obj = run_document(record["prompt"], record["rounds"], record.get("summary"), preset=record["preset"],
+                       target=PRESETS[record["preset"]].target if record["preset"] in PRESETS else "",
+                       drafters=record["drafters"], colors=viz.drafter_colors(record["all_drafters"]),
+                       settings=record["settings"])
     stem.with_suffix(".json").write_text(json.dumps(obj, ensure_ascii=False, indent=1), encoding="utf-8")
     return (gr.update(value=str(stem.with_suffix(".csv")), interactive=True),
             gr.update(value=str(stem.with_suffix(".json")), interactive=True))
@@ -639,6 +644,136 @@ def _read_upload(upload: Any) -> bytes:
 
 
 # ----------------------------------------------------------------------------------------------
+# Replay: a saved run (the CLI's --json, the page's JSON download, or the gallery) streamed like a live one.
+
+RUNS_DIR = ASSETS / "runs"
+
+
+def gallery() -> list[tuple[str, str]]:
+    """(label, name) of every recorded run in assets/runs/, the examples' task first."""
+    titles = {e["question_id"]: f"{TASK_TITLES.get(e['category'], e['category'])} \u00b7 {e['question_id']}" for e in EXAMPLES}
+    return [(titles.get(p.stem, p.stem), p.stem) for p in sorted(RUNS_DIR.glob("*.json"))]
+
+
+def _replay_source(run_file: Any, name: Any) -> tuple[Replay, str]:
+    """The run to replay: an uploaded run file, else a gallery entry by name (only names the gallery lists)."""
+    if run_file:
+        path = getattr(run_file, "path", None) or getattr(run_file, "name", None) or run_file
+        if not isinstance(path, str | os.PathLike):
+            raise InvalidInput("upload a run file (JSON)")
+        try:
+            if os.stat(path).st_size > RUN_MAX_BYTES:
+                raise InvalidInput(f"the run file has {os.stat(path).st_size:,} bytes; the limit is {RUN_MAX_BYTES:,}")
+            with open(path, "rb") as f:
+                return parse_run(f.read(RUN_MAX_BYTES + 1)), Path(path).name
+        except OSError:
+            raise InvalidInput("the uploaded file could not be read; upload it again") from None
+    names = [n for _, n in gallery()]
+    if not name:
+        raise InvalidInput("choose a recorded run or upload a run file")
+    if name not in names:
+        raise InvalidInput(f"no recorded run named {name!r}")
+    return parse_run((RUNS_DIR / f"{name}.json").read_bytes()), str(name)
+
+
+def _replay_frame(view: viz.LiveView, record: dict[str, Any], status: str | None, note: str) -> tuple:
+    return (view.tokens_html(status), _plot(view.arm_json()), _plot(view.regret_json()),
+            _stats(view, record, None, note), view.table(), view.text())
+
+
+def _replay_setup(run: Replay) -> tuple[viz.LiveView, dict[str, Any]]:
+    names = list(dict.fromkeys([*run.colors, *run.drafters, *(ev.drafter for ev in run.rounds)]))
+    colors = {**viz.drafter_colors(names), **run.colors}
+    view = viz.LiveView({n: colors[n] for n in names if n in run.colors} or colors, run.drafters,
+                        placeholder=STREAM_PLACEHOLDER)
+    record = {"preset": run.preset, "prompt": run.prompt}
+    return view, record
+
+
+def _replay_note(run: Replay, label: str) -> str:
+    return (f"Replay of {label}: recorded on the {run.preset or 'unknown'} preset; the numbers are the recording's "
+            f"(engine clock), not this machine's.")
+
+
+def replay_view(run_file: Any = None, name: str = "", speed: float = 2.0, request: gr.Request = None):
+    """Stream a saved run as /generate streams a live one, paced by its recorded round times / speed."""
+    try:
+        speed = float(number("speed", speed, False, (0.25, 64.0)))
+        run, label = _replay_source(run_file, name)
+    except InvalidInput as e:
+        raise _refused(e) from None
+    stop = threading.Event()
+    key = f"{_session(request)}#replay"
+    _start_run(key, stop)
+    view, record = _replay_setup(run)
+    note = _replay_note(run, label)
+    try:
+        yield _replay_frame(view, record, None, note)
+        t0, clock, shown = time.perf_counter(), 0.0, -1.0
+        for ev in run.rounds:
+            if stop.is_set():
+                break
+            clock += (ev.draft_ms + ev.verify_ms + ev.overhead_ms) / 1000.0
+            wait = t0 + clock / speed - time.perf_counter()
+            if wait > 0:
+                stop.wait(wait)
+            view.add(ev, clock)
+            if time.perf_counter() - shown >= 1.0 / FRAME_FPS:
+                shown = time.perf_counter()
+                yield (view.tokens_html(), gr.skip(), gr.skip(), gr.skip(), gr.skip(), view.text())
+        if len(view.rounds) == len(run.rounds) and run.summary is not None:
+            view.add(run.summary, run.summary.wall_s)
+            status = _final_status(run.summary)  # exactly the status line the live run ended on
+        else:
+            status = f"replay stopped at round {len(view.rounds)} of {len(run.rounds)}"
+        yield _replay_frame(view, record, status, note)
+    finally:
+        _end_run(key, stop)
+
+
+def replay_at(run_file: Any, name: str, k: Any):
+    """The replay's state after round k (the round slider): every view as it was then."""
+    try:
+        run, label = _replay_source(run_file, name)
+        k = int(number("round", k, True, (0, len(run.rounds))))
+    except InvalidInput as e:
+        raise _refused(e) from None
+    view, record = _replay_setup(run)
+    for ev in run.rounds[:k]:
+        view.add(ev, view.engine_s + (ev.draft_ms + ev.verify_ms + ev.overhead_ms) / 1000.0)
+    status = None
+    if k == len(run.rounds) and run.summary is not None:
+        view.add(run.summary, run.summary.wall_s)
+        status = _final_status(run.summary)
+    return _replay_frame(view, record, status if status else f"round {k} of {len(run.rounds)}",
+                         _replay_note(run, label))
+
+
+def replay_rounds(run_file: Any, name: str):
+    """The round slider's range for the chosen run."""
+    try:
+        run, _ = _replay_source(run_file, name)
+    except InvalidInput:
+        return gr.update(maximum=1, value=0)
+    return gr.update(maximum=len(run.rounds), value=len(run.rounds))
+
+
+def stop_replay(request: gr.Request = None) -> None:
+    with _stops_lock:
+        runs = list(_stops.get(f"{_session(request)}#replay", ()))
+    for ev in runs:
+        ev.set()
+
+
+def open_link(request: gr.Request):
+    """`?run=<name>` opens the Replay tab on that recorded run (only names the gallery lists)."""
+    name = (getattr(request, "query_params", None) or {}).get("run") if request else None
+    if name and name in {n for _, n in gallery()}:
+        return gr.Tabs(selected="replay"), gr.update(value=name)
+    return gr.skip(), gr.skip()
+
+
+# ----------------------------------------------------------------------------------------------
 # Bandit playground: synthetic drafters, thousands of rounds, no model.
 
 PLAYGROUND_DRAFTERS = pd.DataFrame(
@@ -735,7 +870,7 @@ def build_demo() -> gr.Blocks:
             "proposes the next tokens; the target verifies them losslessly. Every token is coloured by the drafter "
             "that proposed it.</p></div>"
         )
-        with gr.Tabs():
+        with gr.Tabs(elem_id="tabs") as tabs:
             # ---------------------------------------------------------------- Generate
             with gr.Tab("Generate", id="generate"):
                 with gr.Row(equal_height=False, elem_id="gen-row"):
@@ -889,6 +1024,45 @@ def build_demo() -> gr.Blocks:
                                 concurrency_limit=1, concurrency_id="compare")
                     s_cancel.click(cancel_compare, None, None, api_visibility="private", queue=False)
 
+            # ---------------------------------------------------------------- Replay
+            with gr.Tab("Replay", id="replay"):
+                gr.Markdown("Replay a recorded run at any speed, without a model: prepare runs before class (on a GPU "
+                            "too), then play them here, or step through them round by round. Share one with a link: "
+                            "`?run=<name>`. Upload the JSON from *Per-round log* or `python -m metasd generate --json`.",
+                            elem_classes="compact-md")
+                runs = gallery()
+                with gr.Row(equal_height=False):
+                    with gr.Column(scale=4, min_width=300):
+                        r_name = gr.Dropdown(runs, value=runs[0][1] if runs else None, label="Recorded runs",
+                                             elem_id="replay-run")
+                        r_file = gr.File(label="... or a run file (JSON)", file_types=[".json"], elem_id="replay-file")
+                        r_speed = gr.Slider(0.25, 16, value=2, step=0.25, label="Speed \u00d7 (1 = as recorded)",
+                                            elem_id="replay-speed")
+                        with gr.Row():
+                            r_play = gr.Button("Play", variant="primary", elem_id="replay-play", scale=3)
+                            r_stop = gr.Button("Stop", variant="stop", elem_id="replay-stop", scale=1)
+                        r_round = gr.Slider(0, 1, value=0, step=1, label="Round (drag to step through the run)",
+                                            elem_id="replay-round")
+                    with gr.Column(scale=6, min_width=320):
+                        r_tokens = gr.HTML(empty.tokens_html(""), elem_id="replay-tokens", js_on_load=None)
+                        r_stats = gr.HTML(viz.stats_html(viz.live_stats([], 0.0)), elem_id="replay-stats", js_on_load=None)
+                        with gr.Accordion("The answer as plain text", open=False):
+                            r_text = gr.Textbox(label="Answer", lines=4, max_lines=12, interactive=False, buttons=["copy"])
+                        with gr.Row(equal_height=False):
+                            r_arm = gr.Plot(_plot(empty.arm_json()), show_label=False, min_width=300)
+                            r_regret = gr.Plot(_plot(empty.regret_json()), show_label=False, min_width=300)
+                        r_table = gr.DataFrame(viz.drafter_table([], drafters0), label="Per drafter", interactive=False)
+                r_outputs = [r_tokens, r_arm, r_regret, r_stats, r_table, r_text]
+                played = r_play.click(replay_view, [r_file, r_name, r_speed], r_outputs, api_name="replay",
+                                      concurrency_limit=8, concurrency_id="replay", show_progress="hidden")
+                played.then(replay_rounds, [r_file, r_name], r_round, api_visibility="private", queue=False)
+                r_stop.click(stop_replay, None, None, api_visibility="private", queue=False)
+                # Dragging or typing a round: the latest position wins, the others are dropped on the way.
+                r_round.input(replay_at, [r_file, r_name, r_round], r_outputs, api_visibility="private",
+                              concurrency_limit=8, concurrency_id="replay", trigger_mode="always_last",
+                              show_progress="hidden")
+                demo.load(open_link, None, [tabs, r_name], api_visibility="private", queue=False)
+
             # ---------------------------------------------------------------- Playground
             with gr.Tab("Bandit playground", id="playground"):
                 with gr.Row(equal_height=False):
@@ -923,7 +1097,9 @@ def build_demo() -> gr.Blocks:
         # A closed tab ends its generation (gradio also drops the run when the page's stream closes).
         demo.unload(stop_generation)
         demo.unload(cancel_compare)
-        _take_as_sent(gamma, max_new_tokens, temperature, top_p, seed, c_tokens, s_per, p_gamma, p_rounds, p_spread, p_seed)
+        demo.unload(stop_replay)
+        _take_as_sent(gamma, max_new_tokens, temperature, top_p, seed, c_tokens, s_per, p_gamma, p_rounds, p_spread, p_seed,
+                      r_speed, r_round)
     return demo
 
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import sys
 from typing import Any
@@ -74,15 +75,13 @@ def cmd_generate(a: argparse.Namespace) -> int:
             print(_render_round(ev, colours, not a.hide_rejected) if tty else "".join(ev.emitted_text),
                   end="", flush=True)
     summary = ev
-    if a.json:
-        obj = {
-            "prompt": a.prompt,
-            "text": summary.text,
-            "token_ids": list(summary.token_ids),
-            "rounds": [r.to_json() for r in rounds],
-            "stats": summary.stats_json(),
-            "config": summary.config,
-        }
+    if a.json:  # a run file: the generate --json contract plus what `replay` needs (metasd.runfile)
+        from metasd.runfile import run_document
+        from metasd.viz import drafter_colors
+
+        obj = run_document(a.prompt, rounds, summary, preset=bundle.preset.name, target=bundle.preset.target,
+                           drafters=list(rounds[0].probabilities) if rounds else bundle.default_drafters,
+                           colors=drafter_colors(bundle.drafter_names), settings=summary.config)
         print(json.dumps(obj, ensure_ascii=False))
     else:
         print(f"\n\n{summary.new_tokens} tokens in {summary.wall_s:.2f} s ({summary.tokens_per_s:.1f} tokens/s), "
@@ -129,6 +128,51 @@ def cmd_drafters(a: argparse.Namespace) -> int:
     return 0
 
 
+def _replay_args(sub: argparse._SubParsersAction) -> None:
+    r = sub.add_parser("replay", help="render a saved run (generate --json, or the page's JSON download) without a model")
+    r.add_argument("run", help="the run file")
+    r.add_argument("--speed", default=1.0, help="1 = as fast as it ran, 4 = four times faster, 0 = at once")
+
+
+def cmd_replay(a: argparse.Namespace) -> int:
+    import time
+    from pathlib import Path
+
+    from metasd.runfile import MAX_BYTES, parse_run
+    from metasd.validation import InvalidInput
+
+    try:
+        speed = float(a.speed)
+    except ValueError:
+        raise InvalidInput(f"--speed must be a number, got {a.speed!r}") from None
+    if not math.isfinite(speed) or speed < 0:
+        raise InvalidInput("--speed must be 0 (at once) or more")
+    path = Path(a.run)
+    try:
+        if path.stat().st_size > MAX_BYTES:
+            raise InvalidInput(f"{path} has {path.stat().st_size:,} bytes; the limit is {MAX_BYTES:,}")
+        run = parse_run(path.read_bytes())
+    except OSError as e:
+        raise InvalidInput(f"cannot read {path}: {e.strerror}") from None
+    names = list(dict.fromkeys([*run.colors, *run.drafters, *(ev.drafter for ev in run.rounds)]))
+    colours = {n: _COLOURS[i % len(_COLOURS)] for i, n in enumerate(names)}
+    tty = sys.stdout.isatty()
+    print(f"replaying {path.name}: preset {run.preset or '?'}, {len(run.rounds)} rounds"
+          + (f", {speed:g}x" if speed else ", at once"))
+    print("  ".join(f"{colours[n]}■ {n}{_RESET}" for n in run.drafters) + "  ■ target\n", flush=True)
+    for ev in run.rounds:
+        if speed:
+            time.sleep((ev.draft_ms + ev.verify_ms + ev.overhead_ms) / 1000.0 / speed)
+        print(_render_round(ev, colours, True) if tty else "".join(ev.emitted_text), end="", flush=True)
+    s = run.summary
+    if s is not None:
+        print(f"\n\n{s.new_tokens} tokens in {s.wall_s:.2f} s ({s.tokens_per_s:.1f} tokens/s when recorded), "
+              f"{s.target_calls} target calls, {s.mean_accepted:.2f} accepted per call, stopped by {s.stop_reason}")
+    else:
+        print("\n\n(the run file has no summary: a partial run)")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     from metasd.registry import load_plugins
     from metasd.validation import InvalidInput
@@ -137,6 +181,7 @@ def main(argv: list[str] | None = None) -> int:
     sub = p.add_subparsers(dest="command", required=True)
     _generate_args(sub)
     _drafters_args(sub)
+    _replay_args(sub)
     from metasd.bench import add_bench_args  # part of the package: a failing import is a real error
 
     add_bench_args(sub)
@@ -152,6 +197,8 @@ def main(argv: list[str] | None = None) -> int:
             return cmd_generate(a)
         if a.command == "drafters":
             return cmd_drafters(a)
+        if a.command == "replay":
+            return cmd_replay(a)
         return a.func(a)
     except InvalidInput as e:
         print(f"error: {e}", file=sys.stderr)

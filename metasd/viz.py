@@ -378,20 +378,6 @@ def rounds_frame(rounds: Sequence[RoundEvent]) -> pd.DataFrame:
     return pd.DataFrame(rows, columns=cols + extra)
 
 
-def run_record(prompt: str, rounds: Sequence[RoundEvent], summary: Summary | None,
-               extra: Mapping[str, Any] | None = None) -> dict[str, Any]:
-    """The JSON log of a run, shaped like the CLI's `--json` object."""
-    return {
-        "prompt": prompt,
-        "text": summary.text if summary else output_text(rounds),
-        "token_ids": list(summary.token_ids) if summary else [t for ev in rounds for t in ev.emitted],
-        "rounds": [ev.to_json() for ev in rounds],
-        "stats": summary.stats_json() if summary else None,
-        "config": summary.config if summary else {},
-        **(extra or {}),
-    }
-
-
 # --------------------------------------------------------------------------------------------
 # The live Generate view, built up one round at a time
 

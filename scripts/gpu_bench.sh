@@ -68,6 +68,14 @@ rc=0
 PYTHONPATH=. TOKENIZERS_PARALLELISM=false timeout --signal=INT "$TIME_LIMIT" "$PYTHON" -m metasd "${args[@]}" "$@" \
   2> >(tee "$OUT_DIR/stderr.log" >&2) || rc=$?
 echo "gpu_bench: finished with exit status $rc in $(( $(date +%s) - start )) s" >&2
+# Replays for the gallery (the Replay tab, `?run=gpu-<preset>-<name>`): a few examples as run files, so a
+# CPU-only Space can show what the GPU preset does. Copy them into assets/runs/ to publish them.
+mkdir -p "$OUT_DIR/runs"
+for qid in ex-rag-1 ex-code-1 ex-math-1; do
+  prompt=$(PYTHONPATH=. "$PYTHON" -c "import json,sys; print(next(e['turns'][0] for e in json.load(open('assets/examples.json')) if e['question_id']==sys.argv[1]))" "$qid")
+  PYTHONPATH=. TOKENIZERS_PARALLELISM=false "$PYTHON" -m metasd generate "$prompt" --preset "$PRESET" --device "$DEVICE" \
+    --max-new-tokens "$MAX_NEW_TOKENS" --json > "$OUT_DIR/runs/gpu-$PRESET-$qid.json" || rc=$?
+done
 if [[ -n "${OUT:-}" && -d "${OUT:-}" ]]; then
   cp -r "$OUT_DIR" "$OUT/" 2>/dev/null || true
 fi

@@ -219,7 +219,7 @@ def test_no_serious_accessibility_findings_on_any_tab(page):
     expect(page.locator("#tokens .tok-status")).to_be_visible(timeout=120_000)
     wait_idle(page)
     findings["Generate"] = serious()
-    for tab in ("Compare", "Bandit playground"):
+    for tab in ("Compare", "Replay", "Bandit playground"):
         page.get_by_role("tab", name=tab, exact=True).click()
         page.wait_for_timeout(2500)
         findings[tab] = serious()
@@ -290,3 +290,31 @@ def test_wide_screen_shows_answer_and_plots_and_a_phone_scrolls_to_the_answer(br
             expect(pg.locator("#run")).to_be_enabled(timeout=120_000)
         finally:
             ctx.close()
+
+
+@pytest.mark.timeout(300)
+def test_a_link_opens_a_recorded_run_and_replays_it(browser, app_url):  # noqa: F811
+    from playwright.sync_api import expect
+
+    ctx = browser.new_context(viewport=PROJECTOR)
+    try:
+        pg = ctx.new_page()
+        pg.goto(app_url + "?run=ex-translation-1", wait_until="domcontentloaded")
+        expect(pg.get_by_role("tab", name="Replay", exact=True)).to_have_attribute("aria-selected", "true", timeout=60_000)
+        expect(pg.locator("#replay-run input")).to_have_value(re.compile("ex-translation-1"))
+        pg.locator("#replay-speed input[type=number]").fill("16")
+        pg.locator("#replay-speed input[type=number]").press("Enter")
+        pg.locator("#replay-play").click()
+        expect(pg.locator("#replay-tokens .tok").first).to_be_visible(timeout=30_000)
+        expect(pg.locator("#replay-tokens .tok-status")).to_contain_text("done", timeout=60_000)
+        expect(pg.locator("#replay-stats")).to_contain_text("recorded on the offline preset")
+        done = pg.locator("#replay-tokens .tok").count()
+        # step back to round 1 with the slider's number box, as a person types it
+        box = pg.locator("#replay-round input[type=number]")
+        expect(box).not_to_have_value("0", timeout=10_000)
+        box.fill("1")
+        box.press("Enter")
+        expect(pg.locator("#replay-tokens .tok-status")).to_contain_text("round 1 of", timeout=20_000)
+        assert pg.locator("#replay-tokens .tok").count() < done
+    finally:
+        ctx.close()

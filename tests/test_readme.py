@@ -28,7 +28,7 @@ CLI_TIMEOUT_S = 180
 
 # (program, subcommand) of every command kind that has a smoke test in this file.
 COVERED = {("make", "run"), ("make", "test"), ("metasd", "generate"), ("metasd", "bench"), ("metasd", "drafters"),
-           ("metasd.train", None)}
+           ("metasd", "replay"), ("metasd.train", None)}
 
 # Files the README names that do not exist: none. An entry here would fail the test once the file
 # exists (or the README stops naming it), so the list cannot go stale.
@@ -164,7 +164,8 @@ def test_readme_subcommands_are_real():
 
 @pytest.mark.timeout(120)
 @pytest.mark.parametrize("key", [("metasd", "generate"), ("metasd", "bench"), ("metasd", "drafters"),
-                                 ("metasd.train", None)], ids=["generate", "bench", "drafters", "train"])
+                                 ("metasd", "replay"), ("metasd.train", None)],
+                         ids=["generate", "bench", "drafters", "replay", "train"])
 def test_readme_flags_exist(key):
     """Every flag the README shows for a command is in that command's --help."""
     module, sub = key
@@ -340,6 +341,15 @@ def fewer_tokens(code: str) -> str:
     small, n = re.subn(r"max_new_tokens=\d+", "max_new_tokens=8", code)
     assert n >= 1, f"no max_new_tokens=N to shrink in the README's snippet:\n{code}"
     return small
+
+
+@pytest.mark.timeout(CLI_TIMEOUT_S)
+def test_replay_command():
+    (cmd,) = commands_of(("metasd", "replay"))
+    run_file = shlex.split(cmd)[4]
+    assert (ROOT / run_file).exists(), run_file
+    p = ok(run([program(cmd), "-m", "metasd", "replay", run_file, "--speed", "0"]))
+    assert "stopped by" in p.stdout
 
 
 @pytest.mark.timeout(CLI_TIMEOUT_S)

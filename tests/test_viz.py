@@ -202,7 +202,9 @@ def test_round_log_csv_and_json(generation):
     assert len(back) == len(rounds) and list(back["round"]) == [ev.round for ev in rounds]
     assert list(back["accepted"]) == [ev.accepted for ev in rounds]
     assert [f"prob[{n}]" for n in rounds[0].probabilities] == [c for c in back.columns if c.startswith("prob[")]
-    obj = json.loads(json.dumps(viz.run_record("p", rounds, summary)))
+    from metasd.runfile import run_document
+
+    obj = json.loads(json.dumps(run_document("p", rounds, summary)))
     assert obj["token_ids"] == list(summary.token_ids) and len(obj["rounds"]) == len(rounds)
     assert obj["stats"]["target_calls"] == summary.target_calls
 

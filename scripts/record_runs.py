@@ -1,0 +1,48 @@
+"""Record the Replay tab's gallery: every example prompt on the offline preset, with the page's defaults.
+
+    .venv/bin/python scripts/record_runs.py [--out assets/runs] [--max-new-tokens 128]
+
+Each run is written as a run file (metasd.runfile), named by the example's question_id, so that
+`?run=<question_id>` opens it. The engine runs with the app's torch threading (one thread on 2 cores).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--out", default=str(Path(__file__).resolve().parents[1] / "assets" / "runs"))
+    ap.add_argument("--max-new-tokens", type=int, default=128)
+    a = ap.parse_args()
+    import torch
+    from tqdm import tqdm
+
+    import app
+    from metasd import viz
+    from metasd.engine import run
+    from metasd.runfile import run_document
+
+    torch.set_num_threads(app.TORCH_THREADS)
+    bundle = app.get_bundle("offline")
+    out = Path(a.out)
+    out.mkdir(parents=True, exist_ok=True)
+    settings = {"policy": app.PAGE_POLICY, "reward": "bd", "gamma": bundle.preset.gamma, "max_new_tokens": a.max_new_tokens,
+                "temperature": 0.0, "top_p": 1.0, "seed": 0, "full_info": False}
+    for ex in tqdm(app.EXAMPLES, desc="recording"):
+        rounds, summary = run(bundle, ex["turns"][0], policy=app.PAGE_POLICY, max_new_tokens=a.max_new_tokens)
+        doc = run_document(ex["turns"][0], rounds, summary, preset="offline", target=bundle.preset.target,
+                           drafters=bundle.default_drafters, colors=viz.drafter_colors(bundle.drafter_names),
+                           settings=settings)
+        (out / f"{ex['question_id']}.json").write_text(json.dumps(doc, ensure_ascii=False, separators=(",", ":")),
+                                                       encoding="utf-8")
+
+
+if __name__ == "__main__":
+    main()
