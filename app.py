@@ -244,7 +244,7 @@ STREAM_PLACEHOLDER = "prefill: reading the prompt ..."  # shared by live runs an
 SPEEDUP_HINT = ("Speed-up needs the target alone on this prompt: press \u201cMeasure target alone\u201d "
                 "or tick auto-measure.")
 PLOT_INTERVAL_S = 0.5  # figures and the table refresh at most twice a second; the tokens up to FRAME_FPS
-FRAME_FPS = 8.0
+FRAME_FPS = float(os.environ.get("METASD_FRAME_FPS", "8"))  # frames a second at most (the token view)
 
 
 def _stats(view: viz.LiveView, record: dict[str, Any], baselines: dict[str, Any] | None, note: str = "") -> str:
@@ -307,7 +307,12 @@ def generate_view(prompt: str, preset: str = DEFAULT_PRESET, drafters: list[str]
     plotted_at, plotted_rounds = -1e9, -1
     try:
         # At once: the previous answer goes and the page shows that this one has started (or waits).
+        def start() -> EngineStream:  # the engine starts before the first frame is drawn: prefill runs meanwhile
+            return EngineStream(events, stop, max_fps=FRAME_FPS, torch_threads=None if HAS_CUDA else TORCH_THREADS)
+
         held = MODEL.try_acquire()
+        if held:
+            stream = start()
         note = ("starting: prefill ..." if held else
                 "waiting for the model: another user's Compare run has it for one more step ...")
         yield (view.tokens_html(), _plot(view.arm_json()), _plot(view.regret_json()),
@@ -315,7 +320,8 @@ def generate_view(prompt: str, preset: str = DEFAULT_PRESET, drafters: list[str]
         if not held:
             MODEL.acquire()
             held = True
-        stream = EngineStream(events, stop, max_fps=FRAME_FPS, torch_threads=None if HAS_CUDA else TORCH_THREADS)
+            stream = start()
+        assert stream is not None
         for batch, done in stream.batches():
             t_frame = time.perf_counter()
             for item in batch:
@@ -408,7 +414,8 @@ def write_logs(record: dict[str, Any] | None):
     viz.rounds_frame(record["rounds"]).to_csv(stem.with_suffix(".csv"), index=False)
     obj = run_document(record["prompt"], record["rounds"], record.get("summary"), preset=record["preset"],
                        target=PRESETS[record["preset"]].target if record["preset"] in PRESETS else "",
-                       drafters=record["drafters"], colors=viz.drafter_colors(record["all_drafters"]),
+                       drafters=record.get("drafters") or list(record["rounds"][0].probabilities),
+                       colors=viz.drafter_colors(record.get("all_drafters") or list(record["rounds"][0].probabilities)),
                        settings=record["settings"])
     stem.with_suffix(".json").write_text(json.dumps(obj, ensure_ascii=False, indent=1), encoding="utf-8")
     return (gr.update(value=str(stem.with_suffix(".csv")), interactive=True),

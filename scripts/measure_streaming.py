@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import re
 import sys
 import time
@@ -135,6 +136,7 @@ def main() -> None:
     bundle = app.get_bundle("offline")
     env = scrubbed_env()
     env.pop("OMP_NUM_THREADS")  # torch's own default, as for a user
+    env.update({k: v for k, v in os.environ.items() if k.startswith("METASD_")})  # e.g. METASD_FRAME_FPS to compare
     port = free_port()
     with started([sys.executable, "app.py", "--port", str(port)], env, port) as served:
         report(served.url, generate_fn_index(served.url), bundle, app, a)

@@ -95,8 +95,14 @@ def test_the_api_cannot_load_a_model_by_name_or_path(app_url):  # noqa: F811
                 with pytest.raises(Exception) as err:
                     client.predict(*args, api_name=api, **kwargs)
                 assert "attempted" not in str(err.value) and "Traceback" not in str(err.value)
+        # /replay reads only run files: an upload, or a recorded run by a name the gallery lists
+        for name in ("../app", "/etc/passwd", "../../assets/examples"):
+            with pytest.raises(Exception) as err:
+                client.predict(None, name, 2.0, api_name="/replay")
+            msg = str(err.value)  # the dropdown's own check, or the handler's: either way refused, no traceback
+            assert ("no recorded run" in msg or "not in the list of choices" in msg) and "Traceback" not in msg
     named = set(client.view_api(print_info=False, return_format="dict")["named_endpoints"])
-    assert named == {"/generate", "/compare", "/compare_set", "/playground"}, named
+    assert named == {"/generate", "/compare", "/compare_set", "/playground", "/replay"}, named
 
 
 def test_models_load_from_safetensors_without_remote_code():
