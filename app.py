@@ -78,6 +78,8 @@ QUEUE_SIZE = int(os.environ.get("METASD_QUEUE_SIZE", "32"))
 # worker thread, where the server runs every request, fall to 10.0. One thread also leaves a core to
 # the web server and the renderer. Larger machines get their cores shared out between generations.
 TORCH_THREADS = int(os.environ.get("METASD_TORCH_THREADS", "0")) or max(1, (os.cpu_count() or 2) // (GEN_CONCURRENCY + 1))
+# The prompt's prefill is one large batch, where more threads do pay: every core's share for it.
+PREFILL_THREADS = max(TORCH_THREADS, (os.cpu_count() or 2) // GEN_CONCURRENCY)
 MAX_NEW_TOKENS = 1024 if HAS_CUDA else 512
 COMPARE_MAX_NEW_TOKENS = 256
 COMPARE_MAX_PROMPTS = 40 if HAS_CUDA else 21
@@ -308,7 +310,8 @@ def generate_view(prompt: str, preset: str = DEFAULT_PRESET, drafters: list[str]
     try:
         # At once: the previous answer goes and the page shows that this one has started (or waits).
         def start() -> EngineStream:  # the engine starts before the first frame is drawn: prefill runs meanwhile
-            return EngineStream(events, stop, max_fps=FRAME_FPS, torch_threads=None if HAS_CUDA else TORCH_THREADS)
+            return EngineStream(events, stop, max_fps=FRAME_FPS, torch_threads=None if HAS_CUDA else TORCH_THREADS,
+                                prefill_threads=None if HAS_CUDA else PREFILL_THREADS)
 
         held = MODEL.try_acquire()
         if held:

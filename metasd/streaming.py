@@ -52,10 +52,11 @@ class EngineStream:
     """One request's engine generator, driven by its own worker thread (nothing shared with others)."""
 
     def __init__(self, events: Iterator[Event], stop: threading.Event, max_fps: float = DEFAULT_MAX_FPS,
-                 torch_threads: int | None = None):
+                 torch_threads: int | None = None, prefill_threads: int | None = None):
         if max_fps <= 0:
             raise ValueError("max_fps must be positive")
         self._torch_threads = torch_threads
+        self._prefill_threads = prefill_threads or torch_threads
         self._events = events
         self._stop = stop
         self._queue: queue.SimpleQueue[Timed | BaseException | _Done] = queue.SimpleQueue()
@@ -67,13 +68,18 @@ class EngineStream:
         self._thread.start()
 
     def _pump(self) -> None:
-        if self._torch_threads:
-            # Set in the thread that runs the model: OpenMP keeps this setting per calling thread.
-            torch.set_num_threads(self._torch_threads)
+        # Set in the thread that runs the model: OpenMP keeps this setting per calling thread. The first
+        # event (the prompt's prefill, one large batch) may use more threads than the rounds after it.
+        if self._prefill_threads:
+            torch.set_num_threads(self._prefill_threads)
         t0 = time.perf_counter()
+        first = True
         try:
             for ev in self._events:
                 self._queue.put(Timed(ev, time.perf_counter() - t0))
+                if first and self._torch_threads and self._torch_threads != self._prefill_threads:
+                    torch.set_num_threads(self._torch_threads)
+                first = False
         except BaseException as e:  # noqa: BLE001  (handed to the viewer, re-raised there)
             self._queue.put(e)
         finally:
