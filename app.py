@@ -260,6 +260,13 @@ def _stats(view: viz.LiveView, record: dict[str, Any], baselines: dict[str, Any]
                           (note or (base["note"] if base else SPEEDUP_HINT)) + drawn)
 
 
+def _frame(view: viz.LiveView, record: dict[str, Any], baselines: dict[str, Any] | None, status: str | None,
+           note: str = "") -> tuple:
+    """Every view at once: token view, the two figures, the numbers, the per-drafter table, the plain text."""
+    return (view.tokens_html(status), _plot(view.arm_json()), _plot(view.regret_json()),
+            _stats(view, record, baselines, note), view.table(), view.text())
+
+
 def _final_status(s: Summary) -> str:
     if s.stop_reason == "stopped":
         return f"stopped after {s.new_tokens} tokens ({s.target_calls} rounds): you pressed Stop"
@@ -318,8 +325,7 @@ def generate_view(prompt: str, preset: str = DEFAULT_PRESET, drafters: list[str]
             stream = start()
         note = ("starting: prefill ..." if held else
                 "waiting for the model: another user's Compare run has it for one more step ...")
-        yield (view.tokens_html(), _plot(view.arm_json()), _plot(view.regret_json()),
-               _stats(view, record, baselines, note), view.table(), "", None)
+        yield (*_frame(view, record, baselines, None, note), None)
         if not held:
             MODEL.acquire()
             held = True
@@ -333,8 +339,7 @@ def generate_view(prompt: str, preset: str = DEFAULT_PRESET, drafters: list[str]
             if done:
                 record = {**record, "rounds": view.rounds, "summary": view.summary}
                 status = _final_status(view.summary) if view.summary else "ended"
-                yield (view.tokens_html(status), _plot(view.arm_json()), _plot(view.regret_json()),
-                       _stats(view, record, baselines), view.table(), view.text(), record)
+                yield (*_frame(view, record, baselines, status), record)
                 break
             # The tokens go out every frame (appended text); the figures, numbers and table, which are
             # re-sent whole, at most every PLOT_INTERVAL_S, and less often as they grow.
@@ -389,23 +394,27 @@ HOW_TO_READ = """
 """
 
 
-def stop_generation(request: gr.Request = None) -> None:
-    """Stop button, or the tab closed: the session's running generations end at the next round. The
-    stream then draws its final frame, so the page keeps everything generated so far."""
+def _signal(key: str) -> None:
+    """Set the stop signal of every run registered under `key` (a session, or a session's Compare/Replay)."""
     with _stops_lock:
-        runs = list(_stops.get(_session(request), ()))
+        runs = list(_stops.get(key, ()))
     for ev in runs:
         ev.set()
 
 
-def _download_stem(record: dict[str, Any]) -> Path:
-    """`metasd-<preset>-<policy>-<timestamp>` inside a fresh directory with a random name: the files are
-    named by what they hold, and nobody can guess where they are (a run log holds the user's prompt)."""
+def stop_generation(request: gr.Request = None) -> None:
+    """Stop button, or the tab closed: the session's running generations end at the next round. The
+    stream then draws its final frame, so the page keeps everything generated so far."""
+    _signal(_session(request))
+
+
+def _private_stem(*parts: Any) -> Path:
+    """`metasd-<part>-...-<timestamp>` inside a fresh directory with a random name: files are named by what
+    they hold, and nobody can guess where they are (a run log holds the user's prompt)."""
     folder = TMP / uuid.uuid4().hex
     folder.mkdir(mode=0o700)
-    preset, policy = (re.sub(r"[^A-Za-z0-9_-]+", "-", str(x)).strip("-") or "run"
-                      for x in (record["preset"], record["settings"].get("policy", "run")))
-    return folder / f"metasd-{preset}-{policy}-{time.strftime('%Y%m%d-%H%M%S')}"
+    names = [re.sub(r"[^A-Za-z0-9_-]+", "-", str(x)).strip("-") or "run" for x in parts]
+    return folder / "-".join(["metasd", *names, time.strftime("%Y%m%d-%H%M%S")])
 
 
 def write_logs(record: dict[str, Any] | None):
@@ -413,7 +422,7 @@ def write_logs(record: dict[str, Any] | None):
     if not record or not record.get("rounds"):
         return gr.update(value=None, interactive=False), gr.update(value=None, interactive=False)
     _prune_tmp()
-    stem = _download_stem(record)
+    stem = _private_stem(record["preset"], record["settings"].get("policy", "run"))
     viz.rounds_frame(record["rounds"]).to_csv(stem.with_suffix(".csv"), index=False)
     obj = run_document(record["prompt"], record["rounds"], record.get("summary"), preset=record["preset"],
                        target=PRESETS[record["preset"]].target if record["preset"] in PRESETS else "",
@@ -522,12 +531,13 @@ def _compare_key(request: gr.Request | None) -> str:
     return f"{_session(request)}#compare"
 
 
+def _replay_key(request: gr.Request | None) -> str:
+    return f"{_session(request)}#replay"
+
+
 def cancel_compare(request: gr.Request = None) -> None:
     """Cancel: the session's Compare run ends before its next run, keeping the results so far."""
-    with _stops_lock:
-        runs = list(_stops.get(_compare_key(request), ()))
-    for ev in runs:
-        ev.set()
+    _signal(_compare_key(request))
 
 
 @gpu
@@ -630,9 +640,7 @@ def compare_set(source: str, upload: Any, per_category: int, preset: str, policy
         gr.Warning(f"Cancelled: results for {cancelled_at} of {len(items)} prompts.")
     df = pd.DataFrame(rows)
     _prune_tmp()
-    folder = TMP / uuid.uuid4().hex
-    folder.mkdir(mode=0o700)
-    path = folder / f"metasd-compare-{re.sub(r'[^A-Za-z0-9_-]+', '-', preset)}-{time.strftime('%Y%m%d-%H%M%S')}.csv"
+    path = _private_stem("compare", preset).with_suffix(".csv")
     df.to_csv(path, index=False)
     yield viz.acceptance_heatmap(df), viz.speedup_bars(df, colors), df, gr.update(value=str(path), interactive=True)
 
@@ -686,16 +694,9 @@ def _replay_source(run_file: Any, name: Any) -> tuple[Replay, str]:
     return parse_run((RUNS_DIR / f"{name}.json").read_bytes()), str(name)
 
 
-def _replay_frame(view: viz.LiveView, record: dict[str, Any], status: str | None, note: str) -> tuple:
-    return (view.tokens_html(status), _plot(view.arm_json()), _plot(view.regret_json()),
-            _stats(view, record, None, note), view.table(), view.text())
-
-
 def _replay_setup(run: Replay) -> tuple[viz.LiveView, dict[str, Any]]:
-    names = list(dict.fromkeys([*run.colors, *run.drafters, *(ev.drafter for ev in run.rounds)]))
-    colors = {**viz.drafter_colors(names), **run.colors}
-    view = viz.LiveView({n: colors[n] for n in names if n in run.colors} or colors, run.drafters,
-                        placeholder=STREAM_PLACEHOLDER)
+    names = list(dict.fromkeys([*run.drafters, *(ev.drafter for ev in run.rounds)]))
+    view = viz.LiveView(run.colors or viz.drafter_colors(names), run.drafters, placeholder=STREAM_PLACEHOLDER)
     record = {"preset": run.preset, "prompt": run.prompt}
     return view, record
 
@@ -713,12 +714,12 @@ def replay_view(run_file: Any = None, name: str = "", speed: float = 2.0, reques
     except InvalidInput as e:
         raise _refused(e) from None
     stop = threading.Event()
-    key = f"{_session(request)}#replay"
+    key = _replay_key(request)
     _start_run(key, stop)
     view, record = _replay_setup(run)
     note = _replay_note(run, label)
     try:
-        yield _replay_frame(view, record, None, note)
+        yield _frame(view, record, None, None, note)
         t0, clock, shown = time.perf_counter(), 0.0, -1.0
         for ev in run.rounds:
             if stop.is_set():
@@ -736,7 +737,7 @@ def replay_view(run_file: Any = None, name: str = "", speed: float = 2.0, reques
             status = _final_status(run.summary)  # exactly the status line the live run ended on
         else:
             status = f"replay stopped at round {len(view.rounds)} of {len(run.rounds)}"
-        yield _replay_frame(view, record, status, note)
+        yield _frame(view, record, None, status, note)
     finally:
         _end_run(key, stop)
 
@@ -755,8 +756,7 @@ def replay_at(run_file: Any, name: str, k: Any):
     if k == len(run.rounds) and run.summary is not None:
         view.add(run.summary, run.summary.wall_s)
         status = _final_status(run.summary)
-    return _replay_frame(view, record, status if status else f"round {k} of {len(run.rounds)}",
-                         _replay_note(run, label))
+    return _frame(view, record, None, status if status else f"round {k} of {len(run.rounds)}", _replay_note(run, label))
 
 
 def replay_rounds(run_file: Any, name: str):
@@ -769,10 +769,7 @@ def replay_rounds(run_file: Any, name: str):
 
 
 def stop_replay(request: gr.Request = None) -> None:
-    with _stops_lock:
-        runs = list(_stops.get(f"{_session(request)}#replay", ()))
-    for ev in runs:
-        ev.set()
+    _signal(_replay_key(request))
 
 
 def open_link(request: gr.Request):

@@ -167,9 +167,9 @@ class Bundle:
 
     def make_drafters(self, names: list[str]) -> list[Drafter]:
         """Fresh per-request drafter objects (their own caches and tables)."""
-        out: list[Drafter] = []
         from metasd.registry import make_registered
 
+        out: list[Drafter] = []
         for name in names:
             spec = self.specs.get(name)
             if spec is None:  # brought by the user: register_drafter(name, make)

@@ -146,7 +146,6 @@ class EngineStream:
         return self._thread.is_alive()
 
 
-
 class FairSlots:
     """At most `n` holders at once, served strictly first come, first served.
 

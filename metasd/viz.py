@@ -324,13 +324,19 @@ def live_stats(rounds: Sequence[RoundEvent], elapsed_s: float, baseline_tps: flo
     The speed-up is only given against a measured baseline (the target alone, same prompt).
     """
     new = rounds[-1].new_tokens if rounds else 0
-    calls = len(rounds)
-    tps = new / elapsed_s if elapsed_s > 0 else 0.0
+    return _stats_dict(new, len(rounds), sum(ev.accepted for ev in rounds), elapsed_s, None, baseline_tps)
+
+
+def _stats_dict(new: int, calls: int, accepted: int, elapsed_s: float, tps: float | None,
+                baseline_tps: float | None) -> dict[str, Any]:
+    """The numbers the stat cards show; tokens/s from `elapsed_s` unless given (a summary's own)."""
+    if tps is None:
+        tps = new / elapsed_s if elapsed_s > 0 else 0.0
     return {
         "new_tokens": new,
         "tokens_per_s": tps,
         "target_calls": calls,
-        "mean_accepted": sum(ev.accepted for ev in rounds) / calls if calls else 0.0,
+        "mean_accepted": accepted / calls if calls else 0.0,
         "tokens_per_call": new / calls if calls else 0.0,
         "elapsed_s": elapsed_s,
         "baseline_tps": baseline_tps,
@@ -451,16 +457,9 @@ class LiveView:
 
     def stats(self, baseline_tps: float | None = None) -> dict[str, Any]:
         """live_stats' numbers, on the engine's clock (the page's rendering is not in them)."""
-        calls = len(self.rounds)
         new = self.summary.new_tokens if self.summary else self.new_tokens
-        elapsed = self.engine_s
-        tps = self.summary.tokens_per_s if self.summary else (new / elapsed if elapsed > 0 else 0.0)
-        return {
-            "new_tokens": new, "tokens_per_s": tps, "target_calls": calls,
-            "mean_accepted": self._accepted / calls if calls else 0.0,
-            "tokens_per_call": new / calls if calls else 0.0, "elapsed_s": elapsed,
-            "baseline_tps": baseline_tps, "speedup": tps / baseline_tps if baseline_tps and tps else None,
-        }
+        tps = self.summary.tokens_per_s if self.summary else None
+        return _stats_dict(new, len(self.rounds), self._accepted, self.engine_s, tps, baseline_tps)
 
 
 # --------------------------------------------------------------------------------------------

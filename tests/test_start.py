@@ -206,6 +206,13 @@ def test_python_app_py_serves_stays_up_and_streams():
             pytest.fail(f"the app did not exit within 30 s of SIGTERM:\n{served.output()}")
 
 
+def assert_hosted(served: Served) -> None:
+    """A hosted start: answers, listens on all interfaces, keeps running."""
+    assert http_status(served.url) == 200
+    assert_binds_all_interfaces(served)
+    assert served.proc.poll() is None, served.output()
+
+
 @pytest.mark.offline_model
 @pytest.mark.timeout(200)
 def test_hosted_start_binds_all_interfaces_on_port():
@@ -213,9 +220,7 @@ def test_hosted_start_binds_all_interfaces_on_port():
     port = free_port()
     env = scrubbed_env(SPACE_ID="user/metasd-test", PORT=str(port))
     with started([sys.executable, "app.py"], env, port) as served:
-        assert http_status(served.url) == 200
-        assert_binds_all_interfaces(served)
-        assert served.proc.poll() is None, served.output()
+        assert_hosted(served)
 
 
 @pytest.mark.offline_model
@@ -234,9 +239,7 @@ def test_spacefile_run_command_serves():
 
     port = free_port()
     with started(run, scrubbed_env(PORT=str(port)), port) as served:
-        assert http_status(served.url) == 200
-        assert_binds_all_interfaces(served)
-        assert served.proc.poll() is None, served.output()
+        assert_hosted(served)
 
 
 @pytest.mark.offline_model
