@@ -33,13 +33,15 @@ from typing import Any
 import pandas as pd
 import torch
 
-from metasd.engine import encode_prompt, generate, target_greedy
-from metasd.events import RoundEvent, Summary
+from metasd.engine import encode_prompt, run, target_greedy
+from metasd.events import RoundEvent
 from metasd.models import Bundle
-from metasd.policies import POLICIES
+from metasd.policies import POLICIES, single_drafter, single_method
 from metasd.presets import DEFAULT_PRESET, PRESETS
-from metasd.validation import REWARDS, InvalidInput, clean_prompt
+from metasd.tables import BenchResult, summarize, summary_markdown
+from metasd.validation import REWARDS, InvalidInput, clean_prompt, first_per_category, parse_prompt_set
 
+BENCH_FILE_MAX_BYTES = 200_000_000  # a local prompts file (Spec-Bench's is 0.7 MB)
 DEFAULT_PLD_TOKENS = 10  # transformers' prompt lookup as docs/DESIGN.md §4 reports it
 RESULT_COLUMNS = [
     "method", "question_id", "category", "new_tokens", "wall_s", "target_calls", "mean_accepted",
@@ -64,6 +66,7 @@ class Method:
     reward: str = ""  # engine: bd, be or throughput
     drafter: str = ""  # hf-assisted and single: the drafter
     lookup: int = DEFAULT_PLD_TOKENS  # hf-pld: prompt_lookup_num_tokens
+    cold: bool = False  # engine: start the bandit without the preset's informed priors (`<method>@cold`)
 
     @property
     def ours(self) -> bool:
@@ -72,16 +75,17 @@ class Method:
 
     @property
     def single(self) -> bool:
-        return self.kind == "engine" and self.policy.startswith("single:")
+        return self.kind == "engine" and single_drafter(self.policy) is not None
 
 
 def default_methods(drafter_names: Sequence[str]) -> list[str]:
-    return ["baseline", "hf-pld", *(f"single:{d}" for d in drafter_names), "metasd-ucb", "metasd-ucb-cost", "oracle"]
+    return ["baseline", "hf-pld", *map(single_method, drafter_names), "metasd-ucb", "metasd-ucb-cost", "oracle"]
 
 
 def method_help() -> str:
     return (f"comma-separated, from: baseline, hf-pld[:N], hf-assisted:<model drafter>, single:<drafter>, "
-            f"<policy>[/<reward>] with policy in {', '.join(POLICIES)} and reward in {', '.join(REWARDS)}, oracle")
+            f"<policy>[/<reward>][@cold] with policy in {', '.join(POLICIES)} and reward in {', '.join(REWARDS)} "
+            f"(@cold: without the preset's informed priors), oracle")
 
 
 def parse_methods(spec: str | Sequence[str] | None, drafter_names: Sequence[str], model_drafters: Sequence[str],
@@ -119,17 +123,20 @@ def _parse_method(name: str, drafters: list[str], models: list[str], default_rew
             raise InvalidInput(f"method {name!r}: transformers' assisted generation needs a model drafter; "
                                f"this preset has {', '.join(models) or 'none'}")
         return Method(name, "hf-assisted", drafter=d)
-    policy, _, reward = name.partition("/")
+    base, _, flag = name.partition("@")
+    if flag not in ("", "cold"):
+        raise InvalidInput(f"method {name!r}: the only suffix is @cold")
+    policy, _, reward = base.partition("/")
     reward = reward or default_reward
     if reward not in REWARDS:
         raise InvalidInput(f"method {name!r}: unknown reward {reward!r}; choose one of {', '.join(REWARDS)}")
-    if policy.startswith("single:"):
-        d = policy.split(":", 1)[1]
+    d = single_drafter(policy)
+    if d is not None:
         if d not in drafters:
             raise InvalidInput(f"method {name!r}: unknown drafter {d!r}; this preset has {', '.join(drafters)}")
         return Method(name, "engine", policy=policy, reward=reward, drafter=d)
     if policy in POLICIES:
-        return Method(name, "engine", policy=policy, reward=reward)
+        return Method(name, "engine", policy=policy, reward=reward, cold=bool(flag))
     raise InvalidInput(f"unknown method {name!r}; {method_help()}")
 
 
@@ -160,18 +167,11 @@ def load_prompts(path: str | Path, categories: str | Sequence[str] | None = None
     p = Path(path)
     if not p.is_file():
         raise InvalidInput(f"no prompts file at {p}")
-    rows: list[Prompt] = []
-    with p.open(encoding="utf-8") as f:
-        for lineno, line in enumerate(f, 1):
-            if not line.strip():
-                continue
-            try:
-                obj = json.loads(line)
-                turns = obj["turns"]
-                text = turns[0] if isinstance(turns, list) else str(turns)
-                rows.append(Prompt(obj["question_id"], str(obj.get("category", "all")), text))
-            except (ValueError, KeyError, IndexError, TypeError) as e:
-                raise InvalidInput(f"{p}:{lineno}: not a Spec-Bench question ({type(e).__name__}: {e})") from None
+    try:
+        items = parse_prompt_set(p.read_bytes(), max_bytes=BENCH_FILE_MAX_BYTES, max_lines=10**6, int_ids=True)
+    except InvalidInput as e:
+        raise InvalidInput(f"{p}: {e}") from None
+    rows = [Prompt(it["question_id"], it["category"], it["prompt"]) for it in items]
     if spec_bench_tasks:
         mt = [r for r in rows if r.category in MT_BENCH]
         by_sub = {c: [r for r in mt if r.category == c] for c in MT_BENCH}
@@ -189,13 +189,7 @@ def load_prompts(path: str | Path, categories: str | Sequence[str] | None = None
                                f"{p.name} has {', '.join(present)}")
         rows = [r for r in rows if r.category in wanted]
     if per_category:
-        seen: Counter[str] = Counter()
-        kept = []
-        for r in rows:
-            if seen[r.category] < per_category:
-                kept.append(r)
-                seen[r.category] += 1
-        rows = kept
+        rows = first_per_category(rows, per_category, category=lambda r: r.category)
     if not rows:
         raise InvalidInput(f"no prompts selected from {p}")
     return rows
@@ -251,36 +245,20 @@ def _sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-def _hf_generate(bundle: Bundle, ids: list[int], max_new_tokens: int, **extra: Any) -> list[int]:
-    """transformers `generate`, greedy, with the same stopping rule as `target_greedy`."""
-    inp = torch.tensor([ids], device=bundle.device)
-    eos = sorted(bundle.eos_ids)
-    out = bundle.target.generate(inp, attention_mask=torch.ones_like(inp), do_sample=False,
-                                 max_new_tokens=max_new_tokens, eos_token_id=eos or None,
-                                 pad_token_id=eos[0] if eos else 0, **extra)
-    return out[0, len(ids):].tolist()
-
-
 def run_method(bundle: Bundle, method: Method, ids: list[int], max_new_tokens: int, *, gamma: int | None = None,
-               seed: int = 0, counter: _CallCounter | None = None) -> Outcome:
+               seed: int = 0, counter: _CallCounter | None = None, cold: bool = False) -> Outcome:
     """Run one method on one prompt's ids and time it (host-synchronised on a GPU)."""
     if method.kind == "oracle":
         raise ValueError("the oracle is computed from the single:<drafter> runs, not run")
     dev = bundle.device
     if method.ours:
         drafters = [method.drafter] if method.single else None  # a single drafter runs alone
-        rounds: list[RoundEvent] = []
         _sync(dev)
         t0, c0 = time.perf_counter(), time.process_time()
-        for ev in generate(bundle, ids, drafters=drafters, policy=method.policy, reward=method.reward, gamma=gamma,
-                           max_new_tokens=max_new_tokens, seed=seed):
-            if isinstance(ev, Summary):
-                break
-            rounds.append(ev)
+        rounds, s = run(bundle, ids, drafters=drafters, policy=method.policy, reward=method.reward, gamma=gamma,
+                        max_new_tokens=max_new_tokens, seed=seed, priors=not (method.cold or cold))
         _sync(dev)
         wall, cpu = time.perf_counter() - t0, time.process_time() - c0
-        s = ev
-        assert isinstance(s, Summary)
         pulls = Counter(r.drafter for r in rounds)
         # The time split comes from the per-round events (their sum is the summary's).
         return Outcome(list(s.token_ids), wall, s.target_calls, s.mean_accepted, cpu_s=cpu, prefill_s=s.prefill_s,
@@ -295,10 +273,7 @@ def run_method(bundle: Bundle, method: Method, ids: list[int], max_new_tokens: i
     before = counter.calls if counter else 0
     _sync(dev)
     t0, c0 = time.perf_counter(), time.process_time()
-    if method.kind == "baseline":
-        out = target_greedy(bundle, ids, max_new_tokens)
-    else:
-        out = _hf_generate(bundle, ids, max_new_tokens, **extra)
+    out = target_greedy(bundle, ids, max_new_tokens, **extra)
     _sync(dev)
     wall, cpu = time.perf_counter() - t0, time.process_time() - c0
     # Every forward call of `generate` emits at least one token (its first one also prefills).
@@ -312,13 +287,6 @@ def run_method(bundle: Bundle, method: Method, ids: list[int], max_new_tokens: i
 # The benchmark
 
 
-@dataclass
-class BenchResult:
-    results: pd.DataFrame  # one row per method and prompt (RESULT_COLUMNS)
-    rounds: pd.DataFrame  # one row per round of our engine's methods (ROUND_COLUMNS)
-    meta: dict[str, Any]
-
-
 def _first_mismatch(a: Sequence[int], b: Sequence[int]) -> int:
     """Index of the first differing token, -1 when equal."""
     for i, (x, y) in enumerate(zip(a, b, strict=False)):
@@ -330,7 +298,8 @@ def _first_mismatch(a: Sequence[int], b: Sequence[int]) -> int:
 def run_bench(bundle: Bundle, prompts: Sequence[Prompt], methods: Sequence[Method], *, max_new_tokens: int = 128,
               gamma: int | None = None, chat_template: bool = True, seed: int = 0, warmup: bool = True,
               progress: bool = True, log: Callable[[str], None] | None = None,
-              on_prompt: Callable[[BenchResult], None] | None = None, repeats: int = 1) -> BenchResult:
+              on_prompt: Callable[[BenchResult], None] | None = None, repeats: int = 1,
+              cold: bool = False) -> BenchResult:
     """Every method on every prompt, interleaved; the oracle rows are derived afterwards.
 
     `repeats`: run each prompt's methods that many times and keep each method's fastest run.
@@ -343,17 +312,7 @@ def run_bench(bundle: Bundle, prompts: Sequence[Prompt], methods: Sequence[Metho
         raise InvalidInput("the benchmark needs the 'baseline' method: every speed-up is relative to it")
     runnable = [m for m in methods if m.kind != "oracle"]
     g = bundle.preset.gamma if gamma is None else gamma
-    encoded: list[tuple[Prompt, list[int]]] = []
-    for p in prompts:
-        ids = prompt_ids(bundle, p.text, chat_template)
-        if len(ids) + max_new_tokens + g + 1 > bundle.max_context:
-            log(f"[bench] skipping question {p.question_id}: {len(ids)} prompt tokens leave no room for "
-                f"{max_new_tokens} new ones in {bundle.max_context}")
-            continue
-        encoded.append((p, ids))
-    if not encoded:
-        raise InvalidInput("no prompt fits the model's context")
-    encoded = _round_robin(encoded)
+    encoded = _encode_prompts(bundle, prompts, max_new_tokens + g + 1, chat_template, log)
 
     from tqdm.auto import tqdm
 
@@ -362,17 +321,20 @@ def run_bench(bundle: Bundle, prompts: Sequence[Prompt], methods: Sequence[Metho
         "dtype": str(next(bundle.target.parameters()).dtype).replace("torch.", ""),
         "max_new_tokens": max_new_tokens, "gamma": g, "chat_template": chat_template, "seed": seed,
         "prompts": len(encoded), "methods": [m.name for m in methods], "torch_threads": torch.get_num_threads(),
-        "repeats": repeats,
+        "repeats": repeats, "cold": cold,
         "date": time.strftime("%Y-%m-%d %H:%M"),
     }
     counter = _CallCounter(bundle.target)
     rows: list[dict[str, Any]] = []
     round_rows: list[dict[str, Any]] = []
+
+    def one(m: Method, ids: list[int], n: int) -> Outcome:
+        return run_method(bundle, m, ids, n, gamma=g, seed=seed, counter=counter, cold=cold)
+
     try:
         if warmup:  # first calls pay for lazy initialisation: not measured
-            ids = encoded[0][1]
             for m in runnable:
-                run_method(bundle, m, ids, min(8, max_new_tokens), gamma=g, seed=seed, counter=counter)
+                one(m, encoded[0][1], min(8, max_new_tokens))
         # Models and tokenizer are long-lived: freeze them out of the collector so that the full
         # collection before each run (outside its timing) stays cheap.
         gc.collect()
@@ -380,35 +342,8 @@ def run_bench(bundle: Bundle, prompts: Sequence[Prompt], methods: Sequence[Metho
         bar = tqdm(total=len(encoded) * len(runnable) * repeats, desc="bench", unit="run", file=sys.stderr,
                    disable=not progress, dynamic_ncols=True)
         for i, (p, ids) in enumerate(encoded):
-            per_prompt: dict[str, tuple[Method, Outcome]] = {}
-            for rep in range(repeats):
-                k = (i + rep) % len(runnable)
-                order = runnable[k:] + runnable[:k]  # rotated: no method always runs first or last
-                for m in order:
-                    bar.set_postfix_str(f"q{p.question_id} {p.category} {m.name}", refresh=False)
-                    gc.collect()  # not inside anyone's timing
-                    o = run_method(bundle, m, ids, max_new_tokens, gamma=g, seed=seed, counter=counter)
-                    if m.name in per_prompt and per_prompt[m.name][1].token_ids != o.token_ids:
-                        raise RuntimeError(f"{m.name} gave different tokens on question {p.question_id} when repeated")
-                    if m.name not in per_prompt or o.wall_s < per_prompt[m.name][1].wall_s:
-                        per_prompt[m.name] = (m, o)
-                    bar.update(1)
-            base = per_prompt[next(m.name for m in runnable if m.kind == "baseline")][1].token_ids
-            for m in methods:
-                if m.kind == "oracle":
-                    singles = [(n, o) for n, (mm, o) in per_prompt.items() if mm.single]
-                    choice, o = min(singles, key=lambda x: x[1].wall_s)
-                    rows.append(_row(m.name, p, ids, o, base, oracle_choice=choice))
-                    continue
-                o = per_prompt[m.name][1]
-                rows.append(_row(m.name, p, ids, o, base))
-                for r in o.rounds:
-                    round_rows.append({
-                        "method": m.name, "question_id": p.question_id, "category": p.category, "round": r.round,
-                        "drafter": r.drafter, "drafted": len(r.draft), "accepted": r.accepted,
-                        "emitted": len(r.emitted), "draft_ms": r.draft_ms, "verify_ms": r.verify_ms,
-                        "overhead_ms": r.overhead_ms,
-                    })
+            fastest = _fastest_runs(lambda m, ids=ids: one(m, ids, max_new_tokens), runnable, i, repeats, p, bar)
+            _prompt_rows(methods, p, ids, fastest, rows, round_rows)
             if on_prompt is not None:
                 on_prompt(_result(rows, round_rows, meta | {"prompts": i + 1}))
         bar.close()
@@ -416,6 +351,60 @@ def run_bench(bundle: Bundle, prompts: Sequence[Prompt], methods: Sequence[Metho
         gc.unfreeze()
         counter.close()
     return _result(rows, round_rows, meta)
+
+
+def _encode_prompts(bundle: Bundle, prompts: Sequence[Prompt], room: int, chat_template: bool,
+                    log: Callable[[str], None]) -> list[tuple[Prompt, list[int]]]:
+    """Every prompt's ids, skipping those that leave fewer than `room` positions in the context."""
+    encoded: list[tuple[Prompt, list[int]]] = []
+    for p in prompts:
+        ids = prompt_ids(bundle, p.text, chat_template)
+        if len(ids) + room > bundle.max_context:
+            log(f"[bench] skipping question {p.question_id}: {len(ids)} prompt tokens leave no room for "
+                f"{room} more positions in {bundle.max_context}")
+            continue
+        encoded.append((p, ids))
+    if not encoded:
+        raise InvalidInput("no prompt fits the model's context")
+    return _round_robin(encoded)
+
+
+def _fastest_runs(one: Callable[[Method], Outcome], runnable: list[Method], i: int, repeats: int, p: Prompt,
+                  bar: Any) -> dict[str, tuple[Method, Outcome]]:
+    """Each method's fastest of `repeats` runs on prompt number i, in an order rotated per prompt and
+    per repeat (no method always runs first or last); repeats must agree token for token."""
+    fastest: dict[str, tuple[Method, Outcome]] = {}
+    for rep in range(repeats):
+        k = (i + rep) % len(runnable)
+        for m in runnable[k:] + runnable[:k]:
+            bar.set_postfix_str(f"q{p.question_id} {p.category} {m.name}", refresh=False)
+            gc.collect()  # not inside anyone's timing
+            o = one(m)
+            if m.name in fastest and fastest[m.name][1].token_ids != o.token_ids:
+                raise RuntimeError(f"{m.name} gave different tokens on question {p.question_id} when repeated")
+            if m.name not in fastest or o.wall_s < fastest[m.name][1].wall_s:
+                fastest[m.name] = (m, o)
+            bar.update(1)
+    return fastest
+
+
+def _prompt_rows(methods: Sequence[Method], p: Prompt, ids: list[int], fastest: dict[str, tuple[Method, Outcome]],
+                 rows: list[dict[str, Any]], round_rows: list[dict[str, Any]]) -> None:
+    """One prompt's result rows (the oracle's picked from the single-drafter runs) and round rows."""
+    base = next(o for m, o in fastest.values() if m.kind == "baseline").token_ids
+    for m in methods:
+        if m.kind == "oracle":
+            singles = [(n, o) for n, (mm, o) in fastest.items() if mm.single]
+            choice, o = min(singles, key=lambda x: x[1].wall_s)
+            rows.append(_row(m.name, p, ids, o, base, oracle_choice=choice))
+            continue
+        o = fastest[m.name][1]
+        rows.append(_row(m.name, p, ids, o, base))
+        round_rows.extend({
+            "method": m.name, "question_id": p.question_id, "category": p.category, "round": r.round,
+            "drafter": r.drafter, "drafted": len(r.draft), "accepted": r.accepted, "emitted": len(r.emitted),
+            "draft_ms": r.draft_ms, "verify_ms": r.verify_ms, "overhead_ms": r.overhead_ms,
+        } for r in o.rounds)
 
 
 def _round_robin(encoded: list[tuple[Prompt, list[int]]]) -> list[tuple[Prompt, list[int]]]:
@@ -445,192 +434,6 @@ def _row(name: str, p: Prompt, ids: list[int], o: Outcome, base: list[int], orac
         "drafter_pulls": " ".join(f"{k}={v}" for k, v in sorted(o.pulls.items())),
     }
 
-
-# ---------------------------------------------------------------------------------------------
-# Summaries
-
-CPU_SPEEDUP_NOTE = (
-    "CPU-time speed-up: the same ratio over this process's CPU time (time.process_time) instead of wall time. On a "
-    "CPU shared with other jobs it is far less sensitive to time spent waiting for a core (it still feels contention "
-    "for caches and memory bandwidth); with one torch thread it is the compute each method needed. Meaningless on a GPU."
-)
-SPEEDUP_DEFINITION = (
-    "speed-up = (sum of the baseline's wall time over a category's prompts) / (sum of the method's wall time "
-    "over the same prompts), both measured in this run with the methods interleaved per prompt; above 1 is faster. "
-    "The overall row sums over every prompt, so long generations weigh more."
-)
-
-
-def summarize(results: pd.DataFrame) -> pd.DataFrame:
-    """Per method and category, then an 'overall' row per method.
-
-    Columns: method, category, prompts, new_tokens, wall_s, tokens_per_s, speedup, cpu_speedup, mean_accepted
-    (accepted draft tokens per target call), calls_per_token, identical (share of outputs equal to
-    the baseline's), and the time split of our engine (prefill_s, draft_s, verify_s, overhead_s).
-    """
-    df = results.copy()
-    if "cpu_s" not in df:
-        df["cpu_s"] = math.nan
-    base = df[df["method"] == "baseline"].set_index("question_id")
-    df["baseline_wall_s"] = df["question_id"].map(base["wall_s"])
-    df["baseline_cpu_s"] = df["question_id"].map(base["cpu_s"])
-    df["accepted"] = df["mean_accepted"] * df["target_calls"]
-    order = list(dict.fromkeys(df["method"]))
-    cats = list(dict.fromkeys(df["category"]))
-    parts = [df.assign(group=df["category"]), df.assign(group="overall")]
-    both = pd.concat(parts, ignore_index=True)
-    agg = both.groupby(["method", "group"], sort=False).agg(
-        prompts=("question_id", "count"), new_tokens=("new_tokens", "sum"), wall_s=("wall_s", "sum"),
-        baseline_wall_s=("baseline_wall_s", "sum"), cpu_s=("cpu_s", lambda s: s.sum(min_count=1)),
-        baseline_cpu_s=("baseline_cpu_s", lambda s: s.sum(min_count=1)), target_calls=("target_calls", "sum"),
-        accepted=("accepted", lambda s: s.sum(min_count=1)), identical=("identical_to_baseline", "mean"),
-        prefill_s=("prefill_s", lambda s: s.sum(min_count=1)), draft_s=("draft_s", lambda s: s.sum(min_count=1)),
-        verify_s=("verify_s", lambda s: s.sum(min_count=1)), overhead_s=("overhead_s", lambda s: s.sum(min_count=1)),
-    ).reset_index().rename(columns={"group": "category"})
-    agg["speedup"] = agg["baseline_wall_s"] / agg["wall_s"]
-    agg["cpu_speedup"] = agg["baseline_cpu_s"] / agg["cpu_s"]
-    agg["tokens_per_s"] = agg["new_tokens"] / agg["wall_s"]
-    calls = agg["target_calls"].where(agg["target_calls"] > 0)
-    agg["mean_accepted"] = agg["accepted"] / calls
-    agg["calls_per_token"] = calls / agg["new_tokens"]
-    agg["method"] = pd.Categorical(agg["method"], order, ordered=True)
-    agg["category"] = pd.Categorical(agg["category"], [*cats, "overall"], ordered=True)
-    agg = agg.sort_values(["method", "category"]).reset_index(drop=True)
-    agg["method"] = agg["method"].astype(str)
-    agg["category"] = agg["category"].astype(str)
-    return agg[["method", "category", "prompts", "new_tokens", "wall_s", "tokens_per_s", "speedup", "cpu_speedup",
-                "mean_accepted",
-                "calls_per_token", "identical", "prefill_s", "draft_s", "verify_s", "overhead_s"]]
-
-
-def speedup_table(summary: pd.DataFrame, values: str = "speedup") -> pd.DataFrame:
-    """Methods x categories (and overall) of speed-up (or `values`: e.g. cpu_speedup)."""
-    t = summary.pivot(index="method", columns="category", values=values)
-    cats = [c for c in dict.fromkeys(summary["category"]) if c != "overall"] + ["overall"]
-    return t.reindex(index=list(dict.fromkeys(summary["method"])), columns=cats)
-
-
-def time_split(summary: pd.DataFrame, rounds: pd.DataFrame | None = None) -> pd.DataFrame:
-    """Our engine's overall time: shares of drafting, verifying, bookkeeping, prefill and the rest."""
-    ov = summary[(summary["category"] == "overall") & summary["draft_s"].notna()].copy()
-    if ov.empty:
-        return pd.DataFrame()
-    rounds_s = ov["draft_s"] + ov["verify_s"] + ov["overhead_s"]
-    out = pd.DataFrame({"method": ov["method"]})
-    out["drafting"] = ov["draft_s"] / ov["wall_s"]
-    out["verifying"] = ov["verify_s"] / ov["wall_s"]
-    out["bookkeeping"] = ov["overhead_s"] / ov["wall_s"]
-    out["prefill"] = ov["prefill_s"] / ov["wall_s"]
-    out["other"] = 1 - out[["drafting", "verifying", "bookkeeping", "prefill"]].sum(axis=1)
-    out["bookkeeping_of_rounds"] = ov["overhead_s"] / rounds_s
-    if rounds is not None and not rounds.empty:
-        per = rounds.groupby("method", sort=False).agg(rounds=("round", "count"), draft_ms=("draft_ms", "mean"),
-                                                       verify_ms=("verify_ms", "mean"), overhead_ms=("overhead_ms", "mean"))
-        out = out.merge(per, left_on="method", right_index=True, how="left")
-        out["rounds"] = out["rounds"].astype("Int64")
-    return out.reset_index(drop=True)
-
-
-def oracle_choices(results: pd.DataFrame) -> pd.DataFrame:
-    o = results[results["oracle_choice"].fillna("") != ""]
-    if o.empty:
-        return pd.DataFrame()
-    return o.groupby(["category", "oracle_choice"], sort=False).size().unstack(fill_value=0)
-
-
-def _fmt(x: Any, kind: str = "") -> str:
-    if x is None or (isinstance(x, float) and math.isnan(x)):
-        return "–"
-    if kind == "x":
-        return f"{x:.2f}x"
-    if kind == "%":
-        return f"{100 * x:.0f}%"
-    if kind == "%1":
-        return f"{100 * x:.1f}%"
-    if isinstance(x, float):
-        return f"{x:.2f}"
-    return str(x)
-
-
-def markdown_table(df: pd.DataFrame, formats: dict[str, str] | None = None, index: bool = False) -> str:
-    """A GitHub markdown table (no tabulate dependency)."""
-    formats = formats or {}
-    d = df.reset_index() if index else df
-    head = [str(c) for c in d.columns]
-    lines = ["| " + " | ".join(head) + " |", "|" + "|".join("---" if i == 0 else "---:" for i in range(len(head))) + "|"]
-    for _, r in d.iterrows():
-        lines.append("| " + " | ".join(_fmt(r[c], formats.get(str(c), "")) for c in d.columns) + " |")
-    return "\n".join(lines)
-
-
-def summary_markdown(result: BenchResult) -> str:
-    res, meta = result.results, result.meta
-    s = summarize(res)
-    cats = [c for c in dict.fromkeys(res["category"])]
-    out = [
-        "# MetaSD benchmark",
-        "",
-        f"Preset `{meta['preset']}` on {meta['device']} ({meta['dtype']}, {meta['torch_threads']} torch threads), "
-        f"{meta['prompts']} prompts in {len(cats)} categories, up to {meta['max_new_tokens']} new tokens, greedy, "
-        f"gamma {meta['gamma']}, chat template {'on' if meta['chat_template'] else 'off'}, {meta['date']}."
-        + (f" Each method's time on a prompt is the fastest of {meta['repeats']} interleaved runs."
-           if meta.get("repeats", 1) > 1 else ""),
-        "",
-        SPEEDUP_DEFINITION,
-        "",
-        "## Speed-up over the baseline",
-        "",
-        markdown_table(speedup_table(s), {c: "x" for c in [*cats, "overall"]}, index=True),
-        "",
-    ]
-    if meta.get("device", "cpu").startswith("cpu") and s["cpu_speedup"].notna().any():
-        out += [
-            "## Speed-up in CPU time",
-            "",
-            CPU_SPEEDUP_NOTE,
-            "",
-            markdown_table(speedup_table(s, "cpu_speedup"), {c: "x" for c in [*cats, "overall"]}, index=True),
-            "",
-        ]
-    out += [
-        "## Per method and category",
-        "",
-        "accepted/call: mean accepted draft tokens per target call (tokens per call = this + 1); "
-        "calls/token: target forward passes per generated token; identical: share of outputs equal to the baseline's.",
-        "",
-        markdown_table(
-            s[["method", "category", "prompts", "tokens_per_s", "speedup", "cpu_speedup", "mean_accepted", "calls_per_token",
-               "identical"]]
-            .rename(columns={"tokens_per_s": "tokens/s", "speedup": "speed-up", "cpu_speedup": "CPU-time speed-up",
-                             "mean_accepted": "accepted/call", "calls_per_token": "calls/token"}),
-            {"speed-up": "x", "CPU-time speed-up": "x", "identical": "%", "tokens/s": ""},
-        ),
-    ]
-    split = time_split(s, result.rounds)
-    if not split.empty:
-        out += [
-            "",
-            "## Where our engine's time goes (overall)",
-            "",
-            "Shares of wall time; bookkeeping = policy, rewards, detokenisation and events per round; "
-            "'of rounds' = bookkeeping / (drafting + verifying + bookkeeping).",
-            "",
-            markdown_table(split, {"drafting": "%1", "verifying": "%1", "bookkeeping": "%1", "prefill": "%1",
-                                   "other": "%1", "bookkeeping_of_rounds": "%1"}),
-        ]
-    oc = oracle_choices(res)
-    if not oc.empty:
-        out += ["", "## The oracle's choice (fastest single drafter per prompt)", "", markdown_table(oc, index=True)]
-    bad = res[~res["identical_to_baseline"].astype(bool)]
-    out += ["", "## Identity with the baseline", ""]
-    if bad.empty:
-        out.append("Every output is identical to the baseline's token ids.")
-    else:
-        out.append(f"{len(bad)} of {len(res)} outputs differ from the baseline "
-                   "(first differing token index; under greedy fp32 each is a bug unless the logits tie):")
-        out.append("")
-        out.append(markdown_table(bad[["method", "question_id", "category", "first_mismatch", "new_tokens"]]))
-    return "\n".join(out) + "\n"
 
 
 def write_outputs(result: BenchResult, out_dir: str | Path, html: bool = True) -> dict[str, Path]:
@@ -678,6 +481,8 @@ def add_bench_args(sub: argparse._SubParsersAction) -> None:
     b.add_argument("--repeats", type=int, default=1,
                    help="run each prompt's methods N times (interleaved) and keep each method's fastest run")
     b.add_argument("--quiet", action="store_true", help="no progress bar")
+    b.add_argument("--cold", action="store_true",
+                   help="every engine method starts cold (no informed priors); per method: <method>@cold")
     b.add_argument("--spec-bench-tasks", action="store_true",
                    help="group MT-Bench's eight sub-categories into one, mt_bench: Spec-Bench's six tasks")
     b.set_defaults(func=cmd_bench)
@@ -713,7 +518,7 @@ def cmd_bench(a: argparse.Namespace) -> int:
     result = run_bench(bundle, prompts, methods, max_new_tokens=a.max_new_tokens, gamma=a.gamma,
                        chat_template=not a.no_chat_template, seed=a.seed, warmup=not a.no_warmup,
                        progress=not a.quiet, on_prompt=lambda partial: write_outputs(partial, a.out, html=False),
-                       repeats=a.repeats)
+                       repeats=a.repeats, cold=a.cold)
     paths = write_outputs(result, a.out)
     print(paths["summary.md"].read_text(encoding="utf-8"))
     print(f"[bench] wrote {', '.join(str(p) for p in paths.values())}", file=sys.stderr)

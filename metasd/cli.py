@@ -22,16 +22,20 @@ def _generate_args(sub: argparse._SubParsersAction) -> None:
     g = sub.add_parser("generate", help="generate from one prompt with MetaSD")
     g.add_argument("prompt")
     g.add_argument("--preset", default=DEFAULT_PRESET, help=f"one of {', '.join(PRESETS)}")
-    g.add_argument("--drafters", default=None, help="comma-separated drafter names (default: all of the preset)")
-    g.add_argument("--policy", default="metasd-ucb", help="metasd-ucb, exp3, thompson, hedge, ... or single:<drafter>")
-    g.add_argument("--reward", default="bd", help="bd (block divergence), be (block efficiency) or throughput")
+    g.add_argument("--drafters", default=None, help="comma-separated drafter names (default: the preset's bandit arms; "
+                   "`python -m metasd drafters` lists them)")
+    g.add_argument("--policy", default="metasd-ucb", help="metasd-ucb (default), metasd-ucb-cost, exp3, thompson, hedge, ... "
+                   "or single:<drafter>")
+    g.add_argument("--reward", default="bd", help="bd (block divergence, default), be (block efficiency) or throughput")
     g.add_argument("--gamma", default=None, help="draft length (default: the preset's)")
-    g.add_argument("--max-new-tokens", default=128)
-    g.add_argument("--temperature", default=0.0)
-    g.add_argument("--top-p", default=1.0)
-    g.add_argument("--top-k", default=0)
-    g.add_argument("--seed", default=0)
+    g.add_argument("--max-new-tokens", default=128, help="default: %(default)s")
+    g.add_argument("--temperature", default=0.0, help="0 is greedy (default: %(default)s)")
+    g.add_argument("--top-p", default=1.0, help="default: %(default)s (no nucleus cut)")
+    g.add_argument("--top-k", default=0, help="default: %(default)s (no top-k cut)")
+    g.add_argument("--seed", default=0, help="seeds the sampling and the policy (default: %(default)s)")
     g.add_argument("--full-info", action="store_true", help="score every drafter on every verified chunk")
+    g.add_argument("--cold", action="store_true",
+                   help="start the bandit cold (the paper's setting), not from the preset's informed priors")
     g.add_argument("--no-chat-template", action="store_true", help="feed the prompt as plain text")
     g.add_argument("--device", default=None, help="override the preset's device (cpu, cuda, ...)")
     g.add_argument("--dtype", default=None, help="override the preset's dtype (float32, bfloat16, float16)")
@@ -59,7 +63,7 @@ def cmd_generate(a: argparse.Namespace) -> int:
         bundle, a.prompt, drafters=a.drafters, policy=a.policy, reward=a.reward,
         gamma=None if a.gamma is None else a.gamma, max_new_tokens=a.max_new_tokens,
         temperature=a.temperature, top_p=a.top_p, top_k=a.top_k, seed=a.seed,
-        chat_template=not a.no_chat_template, full_info=a.full_info,
+        chat_template=not a.no_chat_template, full_info=a.full_info, priors=not a.cold,
     )
     colours = {n: _COLOURS[i % len(_COLOURS)] for i, n in enumerate(bundle.drafter_names)}
     tty = sys.stdout.isatty() and not a.json
@@ -183,8 +187,10 @@ def main(argv: list[str] | None = None) -> int:
     _drafters_args(sub)
     _replay_args(sub)
     from metasd.bench import add_bench_args  # part of the package: a failing import is a real error
+    from metasd.priors import add_priors_args
 
     add_bench_args(sub)
+    add_priors_args(sub)
     a = p.parse_args(argv)
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     try:
@@ -199,6 +205,10 @@ def main(argv: list[str] | None = None) -> int:
             return cmd_drafters(a)
         if a.command == "replay":
             return cmd_replay(a)
+        if a.command == "priors":
+            from metasd.priors import cmd_priors
+
+            return cmd_priors(a)
         return a.func(a)
     except InvalidInput as e:
         print(f"error: {e}", file=sys.stderr)

@@ -60,6 +60,18 @@ class Drafter(ABC):
     def observe(self, ids: list[int], verified: Verified) -> None:  # noqa: B027 (optional hook)
         """Learn from the target's verification (ids already include the emitted tokens)."""
 
+    # Prompt positions whose target predictions this drafter wants at prefill (see `seed`). Each
+    # costs the engine one row of the target's LM head, so only drafters that learn from them ask.
+    seed_rows: int = 0
+
+    def seed(self, inputs: list[int], logits: torch.Tensor) -> None:  # noqa: B027 (optional hook)
+        """The target's predictions at prefill: row j of `logits` follows prompt token inputs[j]
+        (only the user's own tokens, at most `seed_rows` of them, never the template's scaffolding)."""
+
+    def attach(self, target_cache: DynamicCache, ids: list[int]) -> None:  # noqa: B027 (optional hook)
+        """Called before the drafter drafts or predicts, with the target's live cache (which holds
+        ids[:-1]). A drafter that shares layers with the target takes their keys and values here."""
+
     @abstractmethod
     def predict(self, ids: list[int], start: int, n: int, s: Sampling) -> torch.Tensor:
         """Teacher-forced predictions for positions start..start+n-1 of `ids` (full information).
@@ -148,13 +160,17 @@ class TokenRecycling(Drafter):
     """
 
     model_free = True
+    # Seeded from the target's predictions after the prompt's last 32 user tokens. Each row costs a
+    # row of the LM head (576 x 49152 on the offline preset): 128 rows cost ~70 ms of the first
+    # token's delay on a 2-core CPU, 32 cost ~20; the table learns from every verification afterwards.
+    seed_rows = 32
 
     def __init__(self, name: str = "token-recycling", vocab_size: int = 0, min_confidence: float = 0.2) -> None:
         super().__init__(name)
         self.vocab_size = vocab_size
         # Stop the chain once the product of the target's recorded probabilities falls below
-        # this: on a CPU each extra verified id costs ~15% of a step, so a long unlikely tail
-        # costs more than it can win.
+        # this: on a CPU each extra verified id costs ~15% of a step (docs/DESIGN.md §4), so a long
+        # unlikely tail costs more than it can win.
         self.min_confidence = min_confidence
         self.table = np.full(vocab_size, -1, dtype=np.int64)
         self.conf = np.zeros(vocab_size, dtype=np.float32)
@@ -180,6 +196,9 @@ class TokenRecycling(Drafter):
                 break
             out.append(t)
         return Draft(out, None)
+
+    def seed(self, inputs, logits):
+        self.learn(inputs, logits)
 
     def observe(self, ids, verified):
         self.learn(verified.inputs, verified.logits)
@@ -251,6 +270,10 @@ class ModelDrafter(Drafter):
         self.cache = DynamicCache(config=self.model.config)
         self.cached: list[int] = []  # the token ids whose keys/values are in self.cache
         self.offset = 0  # ...which are ids[offset : offset + len(cached)] (0 unless windowed)
+
+    def attach(self, target_cache: DynamicCache, ids: list[int]) -> None:
+        if self.shared_layers:
+            self.adopt(target_cache, ids)
 
     def adopt(self, target_cache: DynamicCache, ids: list[int]) -> None:
         """Take over the target's keys and values for the layers this drafter shares with it.

@@ -13,17 +13,19 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import asdict
+from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
 import torch
 from transformers import DynamicCache
 
-from metasd.drafters import Draft, Drafter, TokenRecycling, Verified, crop_to
+from metasd.costs import VerifyCost, best_length, expected_accepted, reward
+from metasd.drafters import Draft, Drafter, Verified, crop_to
 from metasd.events import DrafterStats, Event, RoundEvent, Summary
 from metasd.models import Bundle
-from metasd.policies import make_policy
-from metasd.sampling import Sampling, verify, warp
+from metasd.policies import Choice, make_policy
+from metasd.priors import Priors, load_priors
+from metasd.sampling import Sampling, Verdict, verify, warp
 from metasd.validation import InvalidInput, Settings, clean_prompt, validate_settings
 
 StopSignal = threading.Event | Callable[[], bool] | None
@@ -45,12 +47,6 @@ def encode_prompt(bundle: Bundle, prompt: str | list[int], chat_template: bool) 
             ids = ids["input_ids"]
         return list(ids)
     return tok(prompt, add_special_tokens=True)["input_ids"]
-
-
-# Prompt positions whose target predictions seed token recycling's successor table at prefill. Each
-# costs a row of the LM head (576 x 49152 on the offline preset): 128 rows cost ~70 ms of the first
-# token's delay on a 2-core CPU, 32 cost ~20; the table learns from every verification afterwards.
-RECYCLING_SEED = 32
 
 
 def scaffold_positions(bundle: Bundle, prompt: str | list[int], prompt_ids: list[int], chat_template: bool) -> frozenset[int]:
@@ -101,76 +97,20 @@ class TextPieces:
         return out
 
 
-def _expected_accepted(g: list[float]) -> float:
-    """E[accepted] = sum_i prod_{j<i} g_j: the chance that the first i positions all pass."""
-    total, run = 0.0, 1.0
-    for x in g:
-        run *= x
-        total += run
-    return total
-
-
-class VerifyCost:
-    """Smoothed time of one verification by the number of ids fed (1 .. gamma + 1).
-
-    On a GPU verifying gamma + 1 ids costs about one step; on a CPU it does not (docs/DESIGN.md §4),
-    so the throughput reward charges each round what its verification really costs.
-    """
-
-    def __init__(self, gamma: int) -> None:
-        self.ms = [0.0] * (gamma + 2)
-
-    def add(self, fed: int, ms: float) -> None:
-        old = self.ms[fed]
-        self.ms[fed] = ms if old == 0 else 0.8 * old + 0.2 * ms
-
-    def __call__(self, fed: int) -> float:
-        if self.ms[fed]:
-            return self.ms[fed]
-        seen = [(i, m) for i, m in enumerate(self.ms) if m]
-        if not seen:
-            return 1.0
-        lo = [(i, m) for i, m in seen if i < fed]
-        hi = [(i, m) for i, m in seen if i > fed]
-        if lo and hi:  # between two measured counts: interpolate
-            (i0, m0), (i1, m1) = lo[-1], hi[0]
-            return m0 + (m1 - m0) * (fed - i0) / (i1 - i0)
-        # Outside them: the slope of the two nearest, or a prior of +10% of a step per extra id
-        # (this CPU measures ~+10%; a GPU measures ~0 within a few rounds).
-        near = (lo[-2:] if lo else hi[:2])
-        (i0, m0) = near[-1] if lo else near[0]
-        slope = (near[1][1] - near[0][1]) / (near[1][0] - near[0][0]) if len(near) == 2 else 0.1 * m0 / max(i0, 1)
-        return max(m0 + max(slope, 0.0) * (fed - i0), 1e-3)
-
-
-def _reward(kind: str, g: list[float], k: int, gamma: int, drafted_ms: float, fed: int, cost: VerifyCost) -> float:
-    """The arm's reward in [0, 1] from per-position acceptance probabilities g (docs/DESIGN.md §1, formula 5).
-
-    k is the draft length asked for this round (gamma, or less where the length adapts).
-    bd: block divergence, mean of 1 - TV(p_j, q_j) over the k positions (0 where nothing was drafted).
-    be: block efficiency, expected accepted / k.
-    throughput: expected tokens per second of the round, relative to the best a round can do
-    (gamma + 1 tokens from a free drafter); so a cheap drafter that accepts a little less can
-    beat a costly one, and a drafter that proposes nothing is charged one plain step.
-    """
-    if kind == "bd":
-        return sum(g) / max(k, 1)
-    e = _expected_accepted(g)
-    if kind == "be":
-        return e / max(k, 1)
-    best = (gamma + 1) / cost(gamma + 1)
-    return min(1.0, (1 + e) / (drafted_ms + cost(fed)) / best)
-
-
 class _Arm:
     """Per-request statistics of one drafter."""
 
     def __init__(self) -> None:
         self.pulls = self.drafted = self.accepted = 0
         self.reward_sum = 0.0
+        self.rewarded = 0  # pulls whose reward the policy saw (a plain step by choice is not one)
         self.tokens_sum = 0.0  # realised tokens per target call, summed over pulls
         self.draft_s = self.verify_s = 0.0
         self.scored_tokens = 0.0  # full information: expected tokens per call, summed over rounds
+
+    def stats(self, name: str) -> DrafterStats:
+        mean = self.reward_sum / self.rewarded if self.rewarded else 0.0
+        return DrafterStats(name, self.pulls, self.drafted, self.accepted, mean, self.draft_s, self.verify_s)
 
 
 def _stopped(stop: StopSignal) -> bool:
@@ -179,27 +119,42 @@ def _stopped(stop: StopSignal) -> bool:
     return stop.is_set() if isinstance(stop, threading.Event) else bool(stop())
 
 
-def generate(bundle: Bundle, prompt: str | list[int], *, drafters: Any = None, policy: str = "metasd-ucb",
-             reward: str = "bd", gamma: int | None = None, max_new_tokens: int = 128,
-             temperature: float = 0.0, top_p: float = 1.0, top_k: int = 0, seed: int = 0,
-             chat_template: bool = True, full_info: bool = False, stop: StopSignal = None,
-             max_new_tokens_limit: int | None = None, inspect: Inspect | None = None,
-             free_feedback: bool = True, adaptive: bool = True, sleeping: bool = True) -> Iterator[Event]:
+class Clock:
+    """Named time spans of a round: `lap(name)` charges the time since the last lap to `name`."""
+
+    def __init__(self) -> None:
+        self.t = time.perf_counter()
+        self.spans: dict[str, float] = {}
+
+    def lap(self, name: str) -> None:
+        now = time.perf_counter()
+        self.spans[name] = self.spans.get(name, 0.0) + now - self.t
+        self.t = now
+
+    def __getitem__(self, name: str) -> float:
+        return self.spans.get(name, 0.0)
+
+
+def generate(bundle: Bundle, prompt: str | list[int], settings: Settings | None = None, *,
+             stop: StopSignal = None, inspect: Inspect | None = None,
+             max_new_tokens_limit: int | None = None, **overrides: Any) -> Iterator[Event]:
     """Speculative generation with a bandit over drafters. Yields RoundEvents, then a Summary.
 
-    Raises InvalidInput (before yielding anything) for bad prompts or settings. `stop` ends the
-    generation at the next round boundary. `inspect(cache, ids, drafters)` is called after every
-    round with the live state (tests use it to check the KV caches against a fresh prefill).
-    `free_feedback` scores the model-free drafters on every verified chunk even when they were not
-    pulled (it costs microseconds). `adaptive` lets each drafter's draft length move between 1 and
-    gamma with its recent acceptance. `sleeping` lets the model-free drafters draft before the
-    policy chooses, and the policy choose only among drafters with something to propose. None of
-    the three changes the output, only how fast it comes.
+    `settings` carries every option (validation.Settings); keyword `overrides` replace any of its
+    fields, so `generate(bundle, "Hi", policy="exp3", max_new_tokens=32)` works without one. With
+    neither, the preset's defaults apply. Raises InvalidInput (before yielding anything) for bad
+    prompts or settings. `stop` ends the generation at the next round boundary.
+    `inspect(cache, ids, drafters)` is called after every round with the live state (tests use it to
+    check the KV caches against a fresh prefill).
     """
-    st = validate_settings(bundle.drafter_names, drafters, policy, reward,
-                           bundle.preset.gamma if gamma is None else gamma, max_new_tokens,
-                           temperature, top_p, top_k, seed, chat_template, full_info,
-                           max_new_tokens_limit, default=bundle.default_drafters)
+    given = {f.name: getattr(settings, f.name) for f in fields(Settings)} if settings is not None else {}
+    unknown = set(overrides) - {f.name for f in fields(Settings)}
+    if unknown:
+        raise TypeError(f"generate() got unknown setting(s): {', '.join(sorted(unknown))}")
+    opts = {**given, **overrides}
+    opts.setdefault("gamma", bundle.preset.gamma)
+    st = validate_settings(bundle.drafter_names, max_new_tokens_limit=max_new_tokens_limit,
+                           default=bundle.default_drafters, **opts)
     text_prompt = prompt if isinstance(prompt, str) else ""
     if isinstance(prompt, str):
         prompt = clean_prompt(prompt)
@@ -211,256 +166,323 @@ def generate(bundle: Bundle, prompt: str | list[int], *, drafters: Any = None, p
             f"gamma={st.gamma} it must be at most {bundle.max_context - st.max_new_tokens - st.gamma - 1:,} "
             f"tokens (the model's context is {bundle.max_context:,})"
         )
-    return _rounds(bundle, text_prompt, prompt_ids, st, stop, inspect, bool(free_feedback), bool(adaptive), bool(sleeping))
+    return _rounds(Request(bundle, text_prompt, prompt_ids, st), stop, inspect)
+
+
+@dataclass
+class Round:
+    """What one round did, step by step."""
+
+    arm: int
+    choice: Choice
+    k: int  # the draft length asked for
+    tokens: list[int] = field(default_factory=list)  # the draft
+    q: torch.Tensor | None = None
+    start: int = 0  # len(ids) before the round
+    inputs: list[int] = field(default_factory=list)  # fed to the target: the last id, then the draft
+    logits: torch.Tensor | None = None
+    verdict: Verdict | None = None
+    emitted: list[int] = field(default_factory=list)
+    hit_eos: bool = False
+    reward: float = 0.0  # the pulled arm's own reward
+    rewards: list[float | None] = field(default_factory=list)  # what the policy learns from, per arm
+
+
+class Request:
+    """One generation's state: ids and caches, per-arm draft-length caps, the token budget, the random
+    generators, the per-arm statistics and the time spent. Its methods are the round's steps."""
+
+    def __init__(self, bundle: Bundle, prompt: str, prompt_ids: list[int], st: Settings) -> None:
+        self.t_start = time.perf_counter()
+        self.bundle, self.prompt, self.st = bundle, prompt, st
+        self.dev = bundle.device
+        self.s = Sampling(st.temperature, st.top_p, st.top_k)
+        self.names = list(st.drafters)
+        self.arms = bundle.make_drafters(self.names)
+        self.verify_cost = VerifyCost(st.gamma)  # the throughput reward's and the plan's yardstick
+        # Rounds the request will take if each emits ~2 tokens: sequential halving's horizon.
+        self.policy = make_policy(st.policy, self.names, seed=st.seed, horizon=max(8, st.max_new_tokens // 2),
+                                  plan=self.plan)
+        self.sleeping = st.sleeping and self.policy.name != "fixed" and any(d.model_free for d in self.arms)
+        self.priors = self.start_from_priors() if st.priors else None
+        self.g_target = torch.Generator(device=self.dev).manual_seed(st.seed)
+        self.g_draft = torch.Generator(device=self.dev).manual_seed(st.seed + 1)
+        self.pieces = TextPieces(bundle.tokenizer)
+        self.stats = {n: _Arm() for n in self.names}
+        self.ids = list(prompt_ids)
+        self.generated: list[int] = []
+        self.cache = DynamicCache(config=bundle.target.config)
+        # Per-arm draft length: one more after a fully accepted draft, accepted + 1 after a rejection
+        # (on a CPU every extra verified id costs ~15% of a step, so long doomed drafts are expensive).
+        self.caps = [st.gamma] * len(self.arms)
+        self.budget = st.max_new_tokens - 1  # the most a round may draft: it emits accepted + 1 tokens
+        self.pre: dict[int, Draft] = {}  # this round's drafts of the model-free arms (sleeping arms)
+        self.new_tokens = self.target_calls = self.accepted = self.rounds = 0
+        self.draft_s = self.verify_s = self.overhead_s = 0.0
+        self.regret = 0.0
+        self.chosen_scored = 0.0  # full information: expected tokens of the arms actually pulled
+        self.stop_reason = "max_new_tokens"
+        self.prefill(prompt_ids)
+        self.prefill_s = time.perf_counter() - self.t_start
+
+    def start_from_priors(self) -> Priors | None:
+        """Seed the policy with the preset's informed priors for this reward (and the drafters with their
+        measured costs, on the device they were measured on). None when there are none to use."""
+        pri = load_priors(self.bundle.preset.name)
+        means = pri.arm_means(self.st.reward, self.names) if pri else []
+        if pri is None or self.policy.name == "fixed" or all(m is None for m in means):
+            return None
+        self.policy.set_prior(means, pri.weight)
+        if pri.device == self.dev.type:
+            for d in self.arms:
+                d.record_time(pri.ms_per_token.get(d.name, 0.0) / 1000, 1)
+        return pri
+
+    @property
+    def done(self) -> bool:
+        return self.new_tokens >= self.st.max_new_tokens
+
+    def prefill(self, prompt_ids: list[int]) -> None:
+        """Feed the target all but the last prompt token (the cache invariant above), and give the
+        drafters that ask for them the target's predictions after the user's own last tokens (after the
+        template's scaffolding it predicts more scaffolding: "<|im_start|>", "assistant", ...)."""
+        ids = self.ids
+        scaffold = scaffold_positions(self.bundle, self.prompt, prompt_ids, self.st.chat_template)
+        for d in self.arms:
+            d.reset(prompt_ids)
+            d.mark_scaffold(scaffold)
+        if len(ids) < 2:
+            return
+        want = max((d.seed_rows for d in self.arms), default=0)
+        keep = min(len(ids) - 1, want) if want else 1
+        out = self.bundle.target(input_ids=torch.tensor([ids[:-1]], device=self.dev), past_key_values=self.cache,
+                                 use_cache=True, logits_to_keep=keep)
+        first = len(ids) - 1 - keep
+        rows = [j for j in range(keep) if first + j not in scaffold]
+        for d in self.arms:
+            mine = rows[-d.seed_rows:] if d.seed_rows else []
+            if mine:
+                d.seed([ids[first + j] for j in mine], out.logits[0, mine])
+
+    def length(self, i: int) -> int:
+        """Arm i's draft length this round: its adaptive cap, never past the token budget."""
+        return min(self.caps[i] if self.st.adaptive else self.st.gamma, self.budget)
+
+    def plan(self, i: int, alpha: float) -> tuple[float, int]:
+        """The cost model the cost-aware policy reads: expected tokens per ms of a round with arm i if
+        each drafted position passes with probability alpha, and the best draft length (0: a plain step)."""
+        kmax = min(self.length(i), len(self.pre[i].tokens)) if i in self.pre else self.length(i)
+        return best_length(alpha, kmax, self.arms[i].ms_per_token, self.verify_cost)
+
+    # ---- the round's steps, in order --------------------------------------------------------
+
+    def wake(self) -> list[bool] | None:
+        """Sleeping arms: the model-free drafters draft first (microseconds, deterministic, no random
+        numbers drawn); one with nothing to propose is asleep, since pulling it would only be a plain
+        target step. Returns the mask of awake arms (None: every arm plays)."""
+        self.budget = self.st.max_new_tokens - self.new_tokens - 1
+        self.pre.clear()
+        if not self.sleeping:
+            return None
+        for i, d in enumerate(self.arms):
+            if d.model_free:
+                ki = self.length(i)
+                self.pre[i] = d.propose(self.ids, ki, self.s, self.g_draft) if ki > 0 else Draft([], None)
+        return [bool(self.pre[i].tokens) if i in self.pre else True for i in range(len(self.arms))]
+
+    def pick(self, awake: list[bool] | None) -> Round:
+        choice = self.policy.decide(awake)
+        k = self.length(choice.arm) if choice.length is None else min(choice.length, self.length(choice.arm))
+        return Round(choice.arm, choice, k)
+
+    def draft(self, r: Round) -> None:
+        drafter = self.arms[r.arm]
+        if r.arm in self.pre:
+            d: Draft | None = self.pre[r.arm]
+        elif r.k > 0:
+            drafter.attach(self.cache, self.ids)
+            d = drafter.propose(self.ids, r.k, self.s, self.g_draft)
+        else:
+            d = None
+        r.tokens = d.tokens[: r.k] if d else []
+        r.q = d.q[: len(r.tokens)] if d is not None and d.q is not None else None
+
+    def verify(self, r: Round) -> None:
+        """One target pass over the last id and the draft (row j of the logits checks draft[j]); then the
+        cache rolls back to ids + the accepted draft (the target's own token is fed next round)."""
+        r.start = len(self.ids)
+        r.inputs = [self.ids[-1]] + r.tokens
+        pos = torch.arange(r.start - 1, r.start + len(r.tokens), device=self.dev).view(1, -1)
+        r.logits = self.bundle.target(input_ids=torch.tensor([r.inputs], device=self.dev), position_ids=pos,
+                                      past_key_values=self.cache, use_cache=True).logits[0]
+        r.verdict = verify(r.logits, torch.tensor(r.tokens, dtype=torch.long, device=self.dev), r.q, self.s,
+                           self.g_target)
+        crop_to(self.cache, r.start + r.verdict.accepted)
+
+    def accept(self, r: Round, clock: Clock) -> None:
+        """Append what was kept (the accepted draft and the target's token, up to an end-of-sequence
+        id; the budget already keeps it within max_new_tokens), adapt the arm's draft length and
+        measure its own reward."""
+        v = r.verdict
+        emitted = r.tokens[: v.accepted] + [v.token]
+        eos = next((i for i, t in enumerate(emitted) if t in self.bundle.eos_ids), None)
+        r.emitted, r.hit_eos = (emitted[: eos + 1], True) if eos is not None else (emitted, False)
+        self.ids.extend(r.emitted)
+        self.generated.extend(r.emitted)
+        self.new_tokens += len(r.emitted)
+        self.target_calls += 1
+        self.accepted += v.accepted
+        self.arms[r.arm].record_time(clock["draft"], len(r.tokens))
+        self.verify_cost.add(len(r.inputs), 1000 * clock["verify"])
+        if len(r.tokens) == r.k and v.accepted == r.k:
+            self.caps[r.arm] = min(self.st.gamma, self.caps[r.arm] + 1)
+        elif v.accepted < len(r.tokens):
+            self.caps[r.arm] = max(1, v.accepted + 1)
+        # Block efficiency is the realised accepted share; the others use the per-position betas.
+        r.reward = (v.accepted / max(r.k, 1) if self.st.reward == "be"
+                    else self._reward(v.beta, r.k, 1000 * clock["draft"], len(r.inputs)))
+
+    def _reward(self, g: list[float], k: int, drafted_ms: float, fed: int) -> float:
+        return reward(self.st.reward, g, k, self.st.gamma, drafted_ms, fed, self.verify_cost)
+
+    def scored_arms(self, r: Round, awake: list[bool] | None) -> list[int]:
+        """Full information scores every drafter on the verified chunk, teacher-forced. Without it,
+        model-free drafters are still scored when `free_feedback` is on: for them it costs microseconds,
+        and the policy then learns about them without spending rounds on them (awake ones only: a
+        sleeping arm's mean is its reward when it can play)."""
+        if self.st.full_info:
+            return list(range(len(self.arms)))
+        if self.st.free_feedback:
+            return [i for i, d in enumerate(self.arms) if d.model_free and i != r.arm and (awake is None or awake[i])]
+        return []
+
+    def score(self, r: Round, awake: list[bool] | None) -> None:
+        """Rewards for the policy: the pulled arm's own, and those of the arms scored on the chunk."""
+        r.rewards = [None] * len(self.arms)
+        scored = self.scored_arms(r, awake)
+        m = min(len(r.emitted), self.st.gamma)
+        p_rows = None if self.s.greedy or not scored else warp(r.logits[:m], self.s)
+        for i in scored:
+            g = (r.verdict.beta + [0.0] * m)[:m] if i == r.arm else self._teacher_forced(i, r, m, p_rows)
+            # Had it drafted, it would have proposed up to gamma ids: charge that verification.
+            r.rewards[i] = self._reward(g, m, self.arms[i].ms_per_token * self.st.gamma, self.st.gamma + 1)
+            tokens_i = 1 + expected_accepted(g)
+            self.stats[self.names[i]].scored_tokens += tokens_i
+            if i == r.arm:
+                self.chosen_scored += tokens_i
+        if self.st.full_info:
+            # Measured regret: the best drafter in hindsight's expected tokens minus ours.
+            self.regret = max(a.scored_tokens for a in self.stats.values()) - self.chosen_scored
+        elif r.k > 0:  # a round that drafted nothing by choice says nothing about the drafter
+            r.rewards[r.arm] = r.reward
+
+    def _teacher_forced(self, i: int, r: Round, m: int, p_rows: torch.Tensor | None) -> list[float]:
+        """Per-position acceptance probabilities of arm i on the verified chunk, had it drafted it."""
+        d = self.arms[i]
+        d.attach(self.cache, self.ids)
+        pred = d.predict(self.ids, r.start, m, self.s).to(self.dev)
+        if pred.dim() == 1 and self.s.greedy:
+            return (pred == torch.tensor(r.emitted[:m], device=self.dev)).float().tolist()
+        if pred.dim() == 1:
+            valid = pred >= 0
+            return torch.where(valid, p_rows[torch.arange(m, device=self.dev), pred.clamp_min(0)], 0.0).tolist()
+        return torch.minimum(p_rows, pred).sum(-1).tolist()
+
+    def learn(self, r: Round, clock: Clock) -> None:
+        """The policy and every drafter learn from the round; the arm's statistics and the regret grow."""
+        self.policy.update(r.arm, r.rewards)
+        verified = Verified(r.start, r.inputs, r.logits, r.emitted)
+        for d in self.arms:
+            d.observe(self.ids, verified)
+        a = self.stats[self.names[r.arm]]
+        a.pulls += 1
+        a.drafted += len(r.tokens)
+        a.accepted += r.verdict.accepted
+        if r.rewards[r.arm] is not None:  # the mean reward is of what the policy saw
+            a.reward_sum += r.rewards[r.arm]
+            a.rewarded += 1
+        a.tokens_sum += r.verdict.accepted + 1
+        a.draft_s += clock["draft"]
+        a.verify_s += clock["verify"]
+        if not self.st.full_info:
+            # Estimated pseudo-regret: each round adds the gap between the best arm's mean tokens
+            # per call and the pulled arm's, both as estimated so far (never negative).
+            means = [x.tokens_sum / x.pulls for x in self.stats.values() if x.pulls]
+            self.regret += max(means) - a.tokens_sum / a.pulls
+
+    def emit(self, r: Round, clock: Clock) -> RoundEvent:
+        """The round's event, with its time split: drafting (with the sleeping arms' drafts and the
+        scoring of other arms), verifying, and the engine's own bookkeeping."""
+        text = self.pieces.push(r.emitted)
+        draft_text = [self.pieces.piece([t]) for t in r.tokens]
+        clock.lap("emit")
+        drafted = clock["wake"] + clock["draft"] + clock["score"]
+        overhead = clock["pick"] + clock["accept"] + clock["learn"] + clock["emit"]
+        self.draft_s += drafted
+        self.verify_s += clock["verify"]
+        self.overhead_s += overhead
+        v = r.verdict
+        reward_shown = r.rewards[r.arm] if self.st.full_info else r.reward  # what the policy learnt
+        return RoundEvent(
+            round=self.rounds, drafter=self.names[r.arm], draft=tuple(r.tokens), accepted=v.accepted,
+            emitted=tuple(r.emitted), target_token=v.token, bonus=bool(r.tokens) and v.accepted == len(r.tokens),
+            p_draft=tuple(v.p_draft), q_draft=tuple(v.q_draft), accept_prob=tuple(v.accept_prob),
+            reward=reward_shown, rewards=dict(zip(self.names, r.rewards, strict=True)),
+            probabilities=dict(zip(self.names, r.choice.probabilities, strict=True)), regret=max(self.regret, 0.0),
+            regret_measured=self.st.full_info, draft_ms=1000 * drafted, verify_ms=1000 * clock["verify"],
+            overhead_ms=1000 * overhead, new_tokens=self.new_tokens, emitted_text=tuple(text),
+            draft_text=tuple(draft_text),
+        )
+
+    def summary(self) -> Summary:
+        wall = time.perf_counter() - self.t_start
+        tok = self.bundle.tokenizer
+        text = tok.decode(self.generated, skip_special_tokens=True) if tok else " ".join(map(str, self.generated))
+        st = self.st
+        return Summary(
+            prompt=self.prompt, text=text, token_ids=tuple(self.generated), new_tokens=self.new_tokens,
+            target_calls=self.target_calls, mean_accepted=self.accepted / self.target_calls if self.target_calls else 0.0,
+            wall_s=wall, tokens_per_s=self.new_tokens / wall if wall > 0 else 0.0, draft_s=self.draft_s,
+            verify_s=self.verify_s, overhead_s=self.overhead_s, prefill_s=self.prefill_s, stop_reason=self.stop_reason,
+            regret=max(self.regret, 0.0), regret_measured=st.full_info,
+            drafters=tuple(a.stats(n) for n, a in self.stats.items()),
+            # The settings as run, plus the older names of two of them and what sleeping came to.
+            config={"preset": self.bundle.preset.name, **asdict(st), "drafters": list(st.drafters),
+                    "adaptive_gamma": st.adaptive, "sleeping_arms": self.sleeping,
+                    "priors_weight": self.priors.weight if self.priors else 0.0},
+        )
 
 
 @torch.inference_mode()
-def _rounds(bundle: Bundle, prompt: str, prompt_ids: list[int], st: Settings, stop: StopSignal,
-            inspect: Inspect | None, free_feedback: bool, adaptive: bool, sleeping: bool) -> Iterator[Event]:
-    t_start = time.perf_counter()
-    dev = bundle.device
-    s = Sampling(st.temperature, st.top_p, st.top_k)
-    names = list(st.drafters)
-    arms = bundle.make_drafters(names)
-    # Rounds the request will take if each emits ~2 tokens: sequential halving's horizon.
-    pol = make_policy(st.policy, names, seed=st.seed, horizon=max(8, st.max_new_tokens // 2))
-    sleeping = sleeping and pol.name != "fixed" and any(d.model_free for d in arms)
-    g_target = torch.Generator(device=dev).manual_seed(st.seed)
-    g_draft = torch.Generator(device=dev).manual_seed(st.seed + 1)
-    eos = bundle.eos_ids
-    pieces = TextPieces(bundle.tokenizer)
-    stats = {n: _Arm() for n in names}
-
-    # Prefill the target with all but the last prompt token (the cache invariant above).
-    target = bundle.target
-    cache = DynamicCache(config=target.config)
-    ids = list(prompt_ids)
-    scaffold = scaffold_positions(bundle, prompt, prompt_ids, st.chat_template)
-    for d in arms:
-        d.reset(prompt_ids)
-        d.mark_scaffold(scaffold)
-    recyclers = [d for d in arms if isinstance(d, TokenRecycling)]
-    if len(ids) > 1:
-        keep = min(len(ids) - 1, RECYCLING_SEED) if recyclers else 1
-        out = target(input_ids=torch.tensor([ids[:-1]], device=dev), past_key_values=cache,
-                     use_cache=True, logits_to_keep=keep)
-        # Seed the successor table with what the target predicted after the user's own tokens (after the
-        # template's scaffolding it predicts more scaffolding: "<|im_start|>", "assistant", ...).
-        first = len(ids) - 1 - keep
-        rows = [j for j in range(keep) if first + j not in scaffold]
-        for d in recyclers:
-            if rows:
-                d.learn([ids[first + j] for j in rows], out.logits[0, rows])
-    prefill_s = time.perf_counter() - t_start
-
-    new_tokens = target_calls = accepted_total = 0
-    draft_s = verify_s = overhead_s = 0.0
-    verify_cost = VerifyCost(st.gamma)  # the throughput reward's yardstick
-    regret = 0.0
-    chosen_scored = 0.0  # full information: expected tokens of the arms actually pulled
-    stop_reason = "max_new_tokens"
-    generated: list[int] = []
-    rnd = 0
-    # Per-arm draft length: one more after a fully accepted draft, accepted + 1 after a rejection
-    # (on a CPU every extra verified id costs ~15% of a step, so long doomed drafts are expensive).
-    caps = [st.gamma] * len(arms)
-    budget = st.max_new_tokens - 1
-    pre: dict[int, Draft] = {}
-
-    def length(i: int) -> int:
-        """Arm i's draft length this round: its adaptive cap, never past the token budget."""
-        return min(caps[i] if adaptive else st.gamma, budget)
-
-    def plan(i: int, alpha: float) -> tuple[float, int]:
-        """Expected tokens per ms of a round with arm i, if each drafted position passes with
-        probability alpha, and the draft length that maximises it (0: a plain target step)."""
-        kmax = min(length(i), len(pre[i].tokens)) if i in pre else length(i)
-        d_ms = arms[i].ms_per_token
-        best_v, best_k = 1.0 / verify_cost(1), 0
-        for kk in range(1, kmax + 1):
-            v = (1.0 + _expected_accepted([alpha] * kk)) / (kk * d_ms + verify_cost(kk + 1))
-            if v > best_v:
-                best_v, best_k = v, kk
-        return best_v, best_k
-
-    if hasattr(pol, "plan"):
-        pol.plan = plan  # the cost-aware policy reads rounds through the engine's cost model (live state)
-
-    while new_tokens < st.max_new_tokens:
+def _rounds(req: Request, stop: StopSignal, inspect: Inspect | None) -> Iterator[Event]:
+    """The round loop: pick an arm, draft, verify, keep what passed, score, learn, emit."""
+    while not req.done:
         if _stopped(stop):
-            stop_reason = "stopped"
+            req.stop_reason = "stopped"
             break
-        rnd += 1
-        # Never draft past the budget: a round emits accepted + 1 tokens.
-        budget = st.max_new_tokens - new_tokens - 1
-        t_pre = time.perf_counter()
-        # Sleeping arms: the model-free drafters draft first (microseconds, deterministic, no
-        # random numbers drawn); one with nothing to propose is asleep and the policy chooses
-        # among the others, since pulling it would only be a plain target step.
-        pre.clear()
-        awake: list[bool] | None = None
-        if sleeping:
-            for i, d in enumerate(arms):
-                if d.model_free:
-                    ki = length(i)
-                    pre[i] = d.propose(ids, ki, s, g_draft) if ki > 0 else Draft([], None)
-            awake = [bool(pre[i].tokens) if i in pre else True for i in range(len(arms))]
-        t0 = time.perf_counter()
-        pre_s = t0 - t_pre
-        probs = pol.probabilities(awake)
-        arm = pol.choose(awake)
-        drafter = arms[arm]
-        k = length(arm)
-        if getattr(pol, "length", None) == 0:
-            # No drafter is worth its cost now: a plain target step. Otherwise the length stays the
-            # adaptive cap, which follows the drafter's recent runs (prompt lookup's drafts pass
-            # all-or-nothing, which the plan's i.i.d. alpha understates).
-            k = 0
-        t1 = time.perf_counter()
-        if arm in pre:
-            draft = pre[arm]
-        else:
-            if drafter.shared_layers and k > 0:
-                drafter.adopt(cache, ids)
-            draft = drafter.propose(ids, k, s, g_draft) if k > 0 else None
-        tokens = draft.tokens[:k] if draft else []
-        q = draft.q[: len(tokens)] if draft is not None and draft.q is not None else None
-        t2 = time.perf_counter()
-
-        # Verify: feed the last id and the draft; row j of the logits checks draft[j].
-        start = len(ids)
-        inputs = [ids[-1]] + tokens
-        pos = torch.arange(start - 1, start + len(tokens), device=dev).view(1, -1)
-        logits = target(input_ids=torch.tensor([inputs], device=dev), position_ids=pos,
-                        past_key_values=cache, use_cache=True).logits[0]
-        v = verify(logits, torch.tensor(tokens, dtype=torch.long, device=dev), q, s, g_target)
-        # Roll the cache back to ids + accepted draft (the target's own token is fed next round).
-        crop_to(cache, start + v.accepted)
-        t3 = time.perf_counter()
-
-        emitted = tokens[: v.accepted] + [v.token]
-        emitted = emitted[: st.max_new_tokens - new_tokens]
-        hit_eos = next((i for i, t in enumerate(emitted) if t in eos), None)
-        if hit_eos is not None:
-            emitted = emitted[: hit_eos + 1]
-        ids.extend(emitted)
-        generated.extend(emitted)
-        new_tokens += len(emitted)
-        target_calls += 1
-        accepted_total += v.accepted
-        d_ms, v_ms = 1000 * (t2 - t1), 1000 * (t3 - t2)
-        drafter.record_time(t2 - t1, len(tokens))
-        verify_cost.add(len(inputs), v_ms)
-
-        if len(tokens) == k and v.accepted == k:
-            caps[arm] = min(st.gamma, caps[arm] + 1)
-        elif v.accepted < len(tokens):
-            caps[arm] = max(1, v.accepted + 1)
-
-        def reward_of(g: list[float], kk: int, drafted_ms: float, fed: int) -> float:
-            return _reward(st.reward, g, kk, st.gamma, drafted_ms, fed, verify_cost)
-
-        # Block efficiency is the realised accepted share; the others use the per-position betas.
-        own = v.accepted / max(k, 1) if st.reward == "be" else reward_of(v.beta, k, d_ms, len(inputs))
-        t4 = time.perf_counter()
-        rewards: list[float | None] = [None] * len(arms)
-        feedback_s = 0.0
-        # Full information scores every drafter on the verified chunk, teacher-forced. Without it,
-        # model-free drafters are still scored when `free_feedback` is on: for them it costs
-        # microseconds, and the policy then learns about them without spending rounds on them.
-        if st.full_info:
-            scored = list(range(len(arms)))
-        elif free_feedback:
-            # Only awake arms: a sleeping arm's mean is its reward when it can play.
-            scored = [i for i, d in enumerate(arms) if d.model_free and i != arm and (awake is None or awake[i])]
-        else:
-            scored = []
-        if scored:
-            m = min(len(emitted), st.gamma)
-            p_rows = None if s.greedy else warp(logits[:m], s)
-            chunk = torch.tensor(emitted[:m], device=dev)
-            for i in scored:
-                d = arms[i]
-                if i == arm:
-                    g = (v.beta + [0.0] * m)[:m]
-                else:
-                    if d.shared_layers:
-                        d.adopt(cache, ids)
-                    pred = d.predict(ids, start, m, s).to(dev)
-                    if pred.dim() == 1 and s.greedy:
-                        g = (pred == chunk).float().tolist()
-                    elif pred.dim() == 1:
-                        valid = pred >= 0
-                        g = torch.where(valid, p_rows[torch.arange(m, device=dev), pred.clamp_min(0)], 0.0).tolist()
-                    else:
-                        g = torch.minimum(p_rows, pred).sum(-1).tolist()
-                # Had it drafted, it would have proposed up to gamma ids: charge that verification.
-                rewards[i] = reward_of(g, m, d.ms_per_token * st.gamma, st.gamma + 1)
-                tokens_i = 1 + _expected_accepted(g)
-                stats[names[i]].scored_tokens += tokens_i
-                if i == arm:
-                    chosen_scored += tokens_i
-            feedback_s = time.perf_counter() - t4
-        if st.full_info:
-            # Measured regret: the best drafter in hindsight's expected tokens minus ours.
-            regret = max(a.scored_tokens for a in stats.values()) - chosen_scored
-        elif k > 0:  # a round that drafted nothing by choice says nothing about the drafter
-            rewards[arm] = own
-        pol.update(arm, rewards)
-        for d in arms:
-            d.observe(ids, Verified(start, inputs, logits, emitted))
+        req.rounds += 1
+        clock = Clock()
+        awake = req.wake()
+        clock.lap("wake")
+        r = req.pick(awake)
+        clock.lap("pick")
+        req.draft(r)
+        clock.lap("draft")
+        req.verify(r)
+        clock.lap("verify")
+        req.accept(r, clock)
+        clock.lap("accept")
+        req.score(r, awake)
+        clock.lap("score")
+        req.learn(r, clock)
         if inspect is not None:
-            inspect(cache, ids, arms)
-
-        a = stats[names[arm]]
-        a.pulls += 1
-        a.drafted += len(tokens)
-        a.accepted += v.accepted
-        a.reward_sum += own
-        a.tokens_sum += v.accepted + 1
-        a.draft_s += t2 - t1
-        a.verify_s += t3 - t2
-        if not st.full_info:
-            # Estimated pseudo-regret: each round adds the gap between the best arm's mean tokens
-            # per call and the pulled arm's, both as estimated so far (never negative).
-            means = [x.tokens_sum / x.pulls for x in stats.values() if x.pulls]
-            regret += max(means) - a.tokens_sum / a.pulls
-        text = pieces.push(emitted)
-        draft_text = [pieces.piece([t]) for t in tokens]
-        t5 = time.perf_counter()
-        o_ms = 1000 * ((t1 - t0) + (t5 - t3) - feedback_s)
-        draft_s += t2 - t1 + feedback_s + pre_s
-        verify_s += t3 - t2
-        overhead_s += o_ms / 1000
-        yield RoundEvent(
-            round=rnd, drafter=names[arm], draft=tuple(tokens), accepted=v.accepted,
-            emitted=tuple(emitted), target_token=v.token, bonus=v.accepted == len(tokens),
-            p_draft=tuple(v.p_draft), q_draft=tuple(v.q_draft), accept_prob=tuple(v.accept_prob),
-            reward=own, rewards=dict(zip(names, rewards, strict=True)),
-            probabilities=dict(zip(names, probs, strict=True)), regret=max(regret, 0.0),
-            regret_measured=st.full_info, draft_ms=d_ms + 1000 * (feedback_s + pre_s), verify_ms=v_ms, overhead_ms=o_ms,
-            new_tokens=new_tokens, emitted_text=tuple(text), draft_text=tuple(draft_text),
-        )
-        if hit_eos is not None:
-            stop_reason = "eos"
+            inspect(req.cache, req.ids, req.arms)
+        clock.lap("learn")
+        yield req.emit(r, clock)
+        if r.hit_eos:
+            req.stop_reason = "eos"
             break
-
-    wall = time.perf_counter() - t_start
-    text = bundle.tokenizer.decode(generated, skip_special_tokens=True) if bundle.tokenizer else " ".join(map(str, generated))
-    yield Summary(
-        prompt=prompt, text=text, token_ids=tuple(generated), new_tokens=new_tokens,
-        target_calls=target_calls, mean_accepted=accepted_total / target_calls if target_calls else 0.0,
-        wall_s=wall, tokens_per_s=new_tokens / wall if wall > 0 else 0.0, draft_s=draft_s,
-        verify_s=verify_s, overhead_s=overhead_s, prefill_s=prefill_s, stop_reason=stop_reason,
-        regret=max(regret, 0.0), regret_measured=st.full_info,
-        drafters=tuple(
-            DrafterStats(n, a.pulls, a.drafted, a.accepted, a.reward_sum / a.pulls if a.pulls else 0.0,
-                         a.draft_s, a.verify_s)
-            for n, a in stats.items()
-        ),
-        config={"preset": bundle.preset.name, **asdict(st), "drafters": list(st.drafters), "free_feedback": free_feedback,
-                "adaptive_gamma": adaptive, "sleeping_arms": sleeping},
-    )
+    yield req.summary()
 
 
 def run(bundle: Bundle, prompt: str | list[int], **kwargs: Any) -> tuple[list[RoundEvent], Summary]:
@@ -473,11 +495,14 @@ def run(bundle: Bundle, prompt: str | list[int], **kwargs: Any) -> tuple[list[Ro
     raise RuntimeError("generation ended without a summary")
 
 
-def target_greedy(bundle: Bundle, prompt_ids: list[int], max_new_tokens: int) -> list[int]:
-    """The target's own greedy decoding through transformers `generate`: the reference."""
+def target_greedy(bundle: Bundle, prompt_ids: list[int], max_new_tokens: int, **hf_options: Any) -> list[int]:
+    """The target's own greedy decoding through transformers `generate`: the reference. `hf_options`
+    reach `generate` (the benchmark's transformers methods: prompt lookup, assisted generation) with
+    the same stopping rule."""
     inp = torch.tensor([prompt_ids], device=bundle.device)
+    eos = sorted(bundle.eos_ids)
     out = bundle.target.generate(inp, attention_mask=torch.ones_like(inp), do_sample=False,
-                                 max_new_tokens=max_new_tokens, eos_token_id=sorted(bundle.eos_ids) or None,
-                                 pad_token_id=sorted(bundle.eos_ids)[0] if bundle.eos_ids else 0)
+                                 max_new_tokens=max_new_tokens, eos_token_id=eos or None,
+                                 pad_token_id=eos[0] if eos else 0, **hf_options)
     return out[0, len(prompt_ids):].tolist()
 

@@ -16,10 +16,24 @@ import math
 import random
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 
 import numpy as np
 
 Awake = Sequence[bool] | np.ndarray | None
+
+# plan(arm, alpha) -> (expected tokens per millisecond of the round, draft length): the engine's
+# model of a round with that drafter if a drafted position passes with probability alpha.
+Plan = Callable[[int, float], tuple[float, int]]
+
+
+@dataclass(frozen=True)
+class Choice:
+    """A policy's decision for one round."""
+
+    arm: int
+    probabilities: list[float]  # the chance each arm had of being chosen this round
+    length: int | None = None  # 0: no drafter pays now, take a plain target step; None: the engine's draft length
 
 
 class Policy(ABC):
@@ -39,6 +53,11 @@ class Policy(ABC):
     def means(self) -> np.ndarray:
         return np.divide(self.total, self.n, out=np.zeros(self.k), where=self.n > 0)
 
+    def decide(self, awake: Awake = None) -> Choice:
+        """The round's decision: the arm, the distribution it was drawn from, a draft length if any."""
+        probs = self.probabilities(awake)  # before choose(): EXP3's choose() keeps the distribution it drew from
+        return Choice(self.choose(awake), probs)
+
     @abstractmethod
     def choose(self, awake: Awake = None) -> int: ...
 
@@ -56,6 +75,14 @@ class Policy(ABC):
         """A distribution over arms renormalised over the awake ones."""
         d = np.where(self._awake(awake), dist, 0.0)
         return d / d.sum() if d.sum() > 0 else self._awake(awake) / self._awake(awake).sum()
+
+    def set_prior(self, means: Sequence[float | None], weight: float) -> None:
+        """Start from `weight` pseudo-observations at each arm's prior mean (None: no prior for that arm).
+        They count in the arms' means and observation counts, not in the rounds played."""
+        for i, m in enumerate(means):
+            if m is not None and weight > 0:
+                self.n[i] += weight
+                self.total[i] += weight * float(m)
 
     def update(self, arm: int, rewards: list[float | None]) -> None:
         self.t += 1
@@ -134,11 +161,6 @@ class MetaSDUCB(Policy):
         return self._one_hot(self._next(awake))
 
 
-# plan(arm, alpha) -> (expected tokens per millisecond of the round, draft length): the engine's
-# model of a round with that drafter if a drafted position passes with probability alpha.
-Plan = Callable[[int, float], tuple[float, int]]
-
-
 class CostAwareUCB(MetaSDUCB):
     """MetaSD-UCB whose optimism is spent on speed, not on agreement.
 
@@ -159,11 +181,19 @@ class CostAwareUCB(MetaSDUCB):
     # 0.25, ~9 with 0.1, ~2 with 0.05. Chosen on the Spec-Bench runs (README, Benchmarks).
     default_beta = 0.05
 
-    def __init__(self, k: int, seed: int = 0, beta: float | None = None) -> None:
+    def __init__(self, k: int, seed: int = 0, beta: float | None = None, plan: Plan | None = None) -> None:
         beta = self.default_beta if beta is None else beta
         super().__init__(k, seed, beta)
-        self.plan: Plan | None = None
+        self.plan = plan  # the engine's cost model of a round (live: it reads measured costs)
         self.length: int | None = None  # the draft length chosen with the last arm (None: no plan)
+
+    def decide(self, awake: Awake = None) -> Choice:
+        probs = self.probabilities(awake)
+        arm = self.choose(awake)
+        # Only "no drafter pays" is passed on; otherwise the engine's adaptive length follows the
+        # drafter's recent runs (prompt lookup's drafts pass all-or-nothing, which the plan's i.i.d.
+        # alpha understates).
+        return Choice(arm, probs, 0 if self.length == 0 else None)
 
     def _next(self, awake: Awake) -> int:
         if self.plan is None:
@@ -357,10 +387,32 @@ POLICY_HELP = {
 }
 
 
-def make_policy(name: str, arms: list[str], seed: int = 0, horizon: int = 64) -> Policy:
-    """A policy by name; `single:<drafter>` fixes one drafter."""
-    if name.startswith("single:") or name.startswith("fixed:"):
-        arm = name.split(":", 1)[1]
+SINGLE_PREFIXES = ("single:", "fixed:")  # "fixed:" is the older spelling, still accepted
+
+
+def single_drafter(name: object) -> str | None:
+    """The drafter of a `single:<drafter>` method name, or None for any other name.
+
+    The one place that parses the prefix: the engine, validation, the benchmark, the plots and the
+    page all ask here.
+    """
+    if isinstance(name, str):
+        for prefix in SINGLE_PREFIXES:
+            if name.startswith(prefix):
+                return name[len(prefix):]
+    return None
+
+
+def single_method(drafter: str) -> str:
+    """The method name that runs one drafter alone."""
+    return f"single:{drafter}"
+
+
+def make_policy(name: str, arms: list[str], seed: int = 0, horizon: int = 64, plan: Plan | None = None) -> Policy:
+    """A policy by name; `single:<drafter>` fixes one drafter. `horizon` is the expected number of
+    rounds (sequential halving's budget); `plan` the engine's cost model (the cost-aware policy's)."""
+    arm = single_drafter(name)
+    if arm is not None:
         if arm not in arms:
             raise ValueError(f"policy {name!r}: drafter {arm!r} is not among {arms}")
         return Fixed(len(arms), seed, arm=arms.index(arm))
@@ -368,4 +420,6 @@ def make_policy(name: str, arms: list[str], seed: int = 0, horizon: int = 64) ->
         raise ValueError(f"unknown policy {name!r}; choose one of {', '.join(POLICY_HELP)}")
     if name == "sequential-halving":
         return SequentialHalving(len(arms), seed, horizon=horizon)
+    if name == CostAwareUCB.name:
+        return CostAwareUCB(len(arms), seed, plan=plan)
     return POLICIES[name](len(arms), seed)

@@ -3,14 +3,11 @@
 from __future__ import annotations
 
 import html
-from typing import TYPE_CHECKING
 
+import pandas as pd
 import plotly.graph_objects as go
 
-if TYPE_CHECKING:
-    import pandas as pd
-
-    from metasd.bench import BenchResult
+from metasd.tables import BenchResult, summarize, summary_markdown
 
 SPLIT_COLOURS = {"prefill": "#9e9e9e", "drafting": "#1f77b4", "verifying": "#ff7f0e", "bookkeeping": "#d62728",
                  "other": "#c7c7c7"}
@@ -81,8 +78,6 @@ def rounds_figure(rounds: pd.DataFrame) -> go.Figure:
 
 def report_html(result: BenchResult) -> str:
     """One self-contained page (plotly.js inlined once, so it opens offline)."""
-    from metasd.bench import summarize, summary_markdown
-
     s = summarize(result.results)
     figs = [speedup_figure(s)]
     if str(result.meta.get("device", "cpu")).startswith("cpu") and s["cpu_speedup"].notna().any():

@@ -9,10 +9,14 @@ from __future__ import annotations
 import json
 import math
 import unicodedata
+from collections import Counter
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
-from metasd.policies import POLICIES
+from metasd.policies import POLICIES, single_drafter
+
+T = TypeVar("T")
 
 REWARDS = ("bd", "be", "throughput")
 MAX_PROMPT_CHARS = 32_000
@@ -53,6 +57,14 @@ class Settings:
     seed: int = 0
     chat_template: bool = True
     full_info: bool = False
+    # How fast the output comes, never what it is: score model-free drafters on every verified chunk,
+    # adapt each drafter's draft length to its recent runs, let drafters with nothing to propose sleep.
+    free_feedback: bool = True
+    adaptive: bool = True
+    sleeping: bool = True
+    # Start the bandit from the preset's informed priors (metasd/priors.py) where it has them; False is
+    # the paper's setting, every arm unknown.
+    priors: bool = True
 
 
 def number(name: str, value: Any, integer: bool, limits: tuple[float, float] | None = None) -> float | int:
@@ -109,7 +121,8 @@ def _has_surrogates(s: str) -> bool:
 def validate_settings(available: list[str], drafters: Any = None, policy: Any = "metasd-ucb",
                       reward: Any = "bd", gamma: Any = 4, max_new_tokens: Any = 128,
                       temperature: Any = 0.0, top_p: Any = 1.0, top_k: Any = 0, seed: Any = 0,
-                      chat_template: Any = True, full_info: Any = False,
+                      chat_template: Any = True, full_info: Any = False, free_feedback: Any = True,
+                      adaptive: Any = True, sleeping: Any = True, priors: Any = True,
                       max_new_tokens_limit: int | None = None, default: list[str] | None = None) -> Settings:
     """Check every generation setting against `available` drafters and the limits above.
 
@@ -118,8 +131,8 @@ def validate_settings(available: list[str], drafters: Any = None, policy: Any = 
     """
     if drafters is None or drafters == "" or drafters == []:
         names = list(default or available)
-        if isinstance(policy, str) and policy.startswith(("single:", "fixed:")):
-            arm = policy.split(":", 1)[1]
+        arm = single_drafter(policy)
+        if arm is not None:
             if arm in available and arm not in names:
                 names.append(arm)
     else:
@@ -135,8 +148,8 @@ def validate_settings(available: list[str], drafters: Any = None, policy: Any = 
         raise InvalidInput("choose at least one drafter")
     if not isinstance(policy, str):
         raise InvalidInput("policy must be a name")
-    if policy.startswith(("single:", "fixed:")):
-        arm = policy.split(":", 1)[1]
+    arm = single_drafter(policy)
+    if arm is not None:
         if arm not in names:
             chosen = ", ".join(names)
             raise InvalidInput(f"policy {policy!r} names drafter {arm!r}, which is not among the chosen drafters ({chosen})")
@@ -160,6 +173,10 @@ def validate_settings(available: list[str], drafters: Any = None, policy: Any = 
         seed=int(number("seed", seed, True)),
         chat_template=bool(chat_template),
         full_info=full,
+        free_feedback=bool(free_feedback),
+        adaptive=bool(adaptive),
+        sleeping=bool(sleeping),
+        priors=bool(priors),
     )
 
 
@@ -173,11 +190,13 @@ def clean_label(value: Any, what: str, max_chars: int = LABEL_MAX_CHARS) -> str:
 
 
 def parse_prompt_set(data: bytes | str, max_bytes: int = PROMPT_SET_MAX_BYTES,
-                     max_lines: int = PROMPT_SET_MAX_LINES) -> list[dict[str, str]]:
-    """Prompts from an uploaded JSONL in Spec-Bench's format (question_id, category, turns).
+                     max_lines: int = PROMPT_SET_MAX_LINES, int_ids: bool = False) -> list[dict[str, Any]]:
+    """Prompts from JSONL in Spec-Bench's format (question_id, category, turns; the first turn is the
+    prompt): the one parser for uploads, the benchmark's prompt files and the page's examples.
 
     Checks size, encoding and every line; a problem raises InvalidInput naming the line.
-    Returns [{"question_id", "category", "prompt"}] with each prompt passed through clean_prompt.
+    Returns [{"question_id", "category", "prompt"}] with each prompt passed through clean_prompt and
+    labels made printable text (`int_ids` keeps integer question ids as they are, as Spec-Bench has them).
     """
     if isinstance(data, str):
         data = data.encode("utf-8", "replace")
@@ -204,13 +223,27 @@ def parse_prompt_set(data: bytes | str, max_bytes: int = PROMPT_SET_MAX_BYTES,
             raise InvalidInput(f"line {i} of the prompt file needs \"turns\": a list whose first item is the prompt")
         try:
             prompt = clean_prompt(turns[0])
-            qid = clean_label(obj.get("question_id", i), "question_id") or str(i)
+            qid = obj.get("question_id", i)
+            if not (int_ids and isinstance(qid, int) and not isinstance(qid, bool)):
+                qid = clean_label(qid, "question_id") or str(i)
             category = clean_label(obj.get("category") or "uncategorised", "category") or "uncategorised"
         except InvalidInput as e:
             raise InvalidInput(f"line {i} of the prompt file: {e}") from None
         out.append({"question_id": qid, "category": category, "prompt": prompt})
     if not out:
         raise InvalidInput("the prompt file has no prompts")
+    return out
+
+
+def first_per_category(items: Sequence[T], n: int, category: Callable[[T], str] = lambda it: it["category"]) -> list[T]:
+    """The first `n` items of each category, in the order given."""
+    seen: Counter[str] = Counter()
+    out = []
+    for it in items:
+        c = category(it)
+        if seen[c] < n:
+            seen[c] += 1
+            out.append(it)
     return out
 
 

@@ -25,6 +25,8 @@ import plotly.io as pio
 from plotly.subplots import make_subplots
 
 from metasd.events import RoundEvent, Summary
+from metasd.policies import single_drafter
+from metasd.validation import first_per_category as pick_per_category  # noqa: F401 (the page's Compare tab)
 
 # Okabe-Ito's colour-blind-safe palette (darkened where a colour is too light for an underline on
 # white); a drafter keeps its colour, and its underline style, by its index in the preset. Colour is
@@ -483,10 +485,10 @@ def method_row(method: str, summary: Summary, baseline_tps: float | None, identi
 
 def acceptance_heatmap(df: pd.DataFrame) -> go.Figure:
     """Acceptance rate by drafter (rows of `single:<name>` methods) and task category."""
-    single = df[df["method"].astype(str).str.startswith("single:")] if len(df) else df
+    single = df[[single_drafter(m) is not None for m in df["method"]]] if len(df) else df
     if not len(single):
         return empty_figure("Acceptance rate by drafter and task", "run a prompt set")
-    t = single.assign(drafter=single["method"].str.split(":", n=1).str[1]).pivot_table(
+    t = single.assign(drafter=[single_drafter(m) for m in single["method"]]).pivot_table(
         index="drafter", columns="category", values="acceptance_rate", aggfunc="mean")
     fig = go.Figure(go.Heatmap(z=t.values, x=list(t.columns), y=list(t.index), zmin=0, zmax=1, colorscale="Blues",
                                text=[[f"{v:.0%}" if v == v else "" for v in row] for row in t.values],
@@ -509,7 +511,7 @@ def speedup_bars(df: pd.DataFrame, colors: Mapping[str, str] | None = None) -> g
     fig = go.Figure()
     bandit = 0
     for m in t.columns:
-        name = m.split(":", 1)[1] if m.startswith("single:") else None
+        name = single_drafter(m)
         if colors and name in colors:
             c = colors[name]
         else:
@@ -521,41 +523,6 @@ def speedup_bars(df: pd.DataFrame, colors: Mapping[str, str] | None = None) -> g
     fig.update_layout(barmode="group", hovermode="closest")
     fig.update_yaxes(title_text="speed-up (\u00d7)", rangemode="tozero")
     return _layout(fig, "Speed-up over the target alone (measured, same prompts; dotted: target alone)", height=320)
-
-
-def read_prompt_set(text: str) -> list[dict[str, Any]]:
-    """Prompts from JSONL in Spec-Bench's format (question_id, category, turns; the first turn is the prompt).
-
-    Raises ValueError naming the line for anything else.
-    """
-    out = []
-    for i, line in enumerate(text.splitlines(), 1):
-        if not line.strip():
-            continue
-        try:
-            obj = json.loads(line)
-        except json.JSONDecodeError as e:
-            raise ValueError(f"line {i} is not JSON: {e.msg}") from None
-        turns = obj.get("turns") if isinstance(obj, dict) else None
-        if not isinstance(turns, list) or not turns or not isinstance(turns[0], str) or not turns[0].strip():
-            raise ValueError(f"line {i} needs 'turns': a list whose first item is the prompt")
-        out.append({"question_id": obj.get("question_id", i), "category": str(obj.get("category") or "uncategorised"),
-                    "prompt": turns[0]})
-    if not out:
-        raise ValueError("the prompt set is empty")
-    return out
-
-
-def pick_per_category(items: Sequence[Mapping[str, Any]], per_category: int) -> list[Mapping[str, Any]]:
-    """The first `per_category` items of each category, in file order."""
-    seen: dict[str, int] = {}
-    out = []
-    for it in items:
-        c = it["category"]
-        if seen.get(c, 0) < per_category:
-            seen[c] = seen.get(c, 0) + 1
-            out.append(it)
-    return out
 
 
 # --------------------------------------------------------------------------------------------

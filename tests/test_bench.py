@@ -19,11 +19,9 @@ from metasd.bench import (
     load_prompts,
     parse_methods,
     run_bench,
-    speedup_table,
-    summarize,
-    summary_markdown,
     write_outputs,
 )
+from metasd.tables import speedup_table, summarize, summary_markdown
 from metasd.validation import InvalidInput
 from tests.tiny import tiny_bundle
 

@@ -8,7 +8,7 @@ import random
 import numpy as np
 import pytest
 
-from metasd.policies import POLICIES, make_policy
+from metasd.policies import POLICIES, Choice, make_policy
 
 MEANS = [0.35, 0.5, 0.65, 0.45]  # Bernoulli arms; arm 2 is the best
 ARMS = [f"d{i}" for i in range(len(MEANS))]
@@ -122,25 +122,40 @@ def test_cost_aware_ucb_prefers_the_faster_round():
     for _ in range(200):  # the costly drafter agrees more often, the free one a little less
         pol.update(0, [0.7, 0.6])
     # Without a cost model it is MetaSD-UCB: the higher mean wins.
-    assert pol.choose() == 0 and pol.length is None
-    pol.plan = speed_plan([40.0, 0.0], [0, 50, 55, 60, 65, 70])
+    assert pol.decide() == Choice(0, [1.0, 0.0], None)
+    plan = speed_plan([40.0, 0.0], [0, 50, 55, 60, 65, 70])
+    pol = make_policy("metasd-ucb-cost", ["costly", "free"], plan=plan)
+    for _ in range(200):
+        pol.update(0, [0.7, 0.6])
     alpha = 0.6 + pol.beta * np.sqrt(2 * np.log(pol.t) / pol.n[1])  # its optimistic acceptance
-    assert pol.choose() == 1 and pol.length == pol.plan(1, alpha)[1] >= 2
+    c = pol.decide()
+    assert c.arm == 1 and c.length is None and pol.length == plan(1, alpha)[1] >= 2
     # A drafter that passes rarely and costs a lot is not worth a round: a plain step (length 0).
-    pol = make_policy("metasd-ucb-cost", ["costly"])
+    pol = make_policy("metasd-ucb-cost", ["costly"], plan=speed_plan([40.0], [0, 50, 55, 60, 65, 70]))
     for _ in range(200):
         pol.update(0, [0.05])
-    pol.plan = speed_plan([40.0], [0, 50, 55, 60, 65, 70])
-    assert pol.choose() == 0 and pol.length == 0
-    # ... but a free one that passes as rarely still is (verifying one more id costs 10%).
+    assert pol.decide() == Choice(0, [1.0], 0)
+    # ... but a free one that passes as rarely still is (verifying one more id costs 2% here).
     pol.plan = speed_plan([0.0], [0, 50, 51, 52, 53, 54])
-    pol.choose()
-    assert pol.length >= 1
+    assert pol.decide().length is None and pol.length >= 1
 
 
 def test_cost_aware_ucb_explores_an_unseen_arm_first():
-    pol = make_policy("metasd-ucb-cost", ["a", "b"])
-    pol.plan = speed_plan([0.0, 0.0], [0, 50, 55, 60])
-    assert pol.choose() == 0 and pol.length is None
+    pol = make_policy("metasd-ucb-cost", ["a", "b"], plan=speed_plan([0.0, 0.0], [0, 50, 55, 60]))
+    assert pol.decide().arm == 0 and pol.length is None
     pol.update(0, [1.0, None])
-    assert pol.choose() == 1 and pol.length is None
+    assert pol.decide().arm == 1 and pol.length is None
+
+
+def test_every_policy_decides_what_it_would_choose():
+    """decide() reports the arm choose() would pick and the distribution probabilities() gives."""
+    for name in POLICIES:
+        a, b = make_policy(name, ["x", "y", "z"], seed=5), make_policy(name, ["x", "y", "z"], seed=5)
+        for t in range(30):
+            awake = [True, t % 3 != 0, True]
+            c = a.decide(awake)
+            probs = b.probabilities(awake)
+            assert c.arm == b.choose(awake) and c.probabilities == probs
+            rewards = [0.2, 0.5, 0.8]
+            a.update(c.arm, [r if i == c.arm or a.needs_full_info else None for i, r in enumerate(rewards)])
+            b.update(c.arm, [r if i == c.arm or b.needs_full_info else None for i, r in enumerate(rewards)])

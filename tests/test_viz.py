@@ -15,6 +15,7 @@ from metasd import viz
 from metasd.engine import run
 from metasd.events import RoundEvent
 from metasd.playground import SynthDrafter, compare, expected_speedup, expected_tokens, simulate
+from metasd.validation import first_per_category, parse_prompt_set
 from tests.tiny import tiny_bundle
 
 PROMPT = [3, 7, 1, 4, 9, 3, 7, 1, 4, 9, 3, 7, 2, 5]
@@ -224,15 +225,15 @@ def test_compare_figures_and_prompt_sets():
     by = {t.name: t for t in bars.data}
     assert by["single:a"].marker.color == "#111111" and by["single:b"].marker.color == "#222222"
     assert list(by["single:b"].y) == pytest.approx([1.4, 1.4]) and list(by["single:b"].x) == ["qa", "rag"]
-    items = viz.read_prompt_set('{"question_id": 1, "category": "qa", "turns": ["Why?", "And?"]}\n\n'
-                                '{"question_id": 2, "category": "qa", "turns": ["How?"]}\n'
-                                '{"question_id": 3, "category": "rag", "turns": ["Where?"]}\n')
+    items = parse_prompt_set('{"question_id": 1, "category": "qa", "turns": ["Why?", "And?"]}\n\n'
+                             '{"question_id": 2, "category": "qa", "turns": ["How?"]}\n'
+                             '{"question_id": 3, "category": "rag", "turns": ["Where?"]}\n', int_ids=True)
     assert [i["prompt"] for i in items] == ["Why?", "How?", "Where?"]
-    assert [i["question_id"] for i in viz.pick_per_category(items, 1)] == [1, 3]
+    assert [i["question_id"] for i in first_per_category(items, 1)] == [1, 3]
     with pytest.raises(ValueError, match="line 2"):
-        viz.read_prompt_set('{"turns": ["ok"]}\n{"turns": []}\n')
+        parse_prompt_set('{"turns": ["ok"]}\n{"turns": []}\n')
     with pytest.raises(ValueError, match="not JSON"):
-        viz.read_prompt_set("nope")
+        parse_prompt_set("nope")
 
 
 def test_examples_file_is_our_own_prompt_set():
@@ -243,7 +244,7 @@ def test_examples_file_is_our_own_prompt_set():
     cats = {e["category"] for e in items}
     assert cats == {"translation", "summarization", "qa", "math", "rag", "code", "chat"}
     jsonl = "\n".join(json.dumps(e) for e in items)
-    assert len(viz.read_prompt_set(jsonl)) == len(items)
+    assert len(parse_prompt_set(jsonl)) == len(items)
 
 
 # ------------------------------------------------------------------------------------------ playground

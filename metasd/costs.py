@@ -1,0 +1,82 @@
+"""What a round costs and what it is worth: the verification cost model and the arm rewards.
+
+docs/DESIGN.md §1 gives the formulas; §4 the CPU measurements that make a cost model necessary
+(verifying gamma + 1 ids costs about one step on a GPU, but ~15% of a step more per id on a CPU).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+# Cost of one more verified id relative to a one-id step, used until two counts are measured.
+# This CPU measures ~15% (docs/DESIGN.md §4); a GPU measures ~0 within a few rounds.
+EXTRA_ID_PRIOR = 0.15
+
+
+def expected_accepted(g: Sequence[float]) -> float:
+    """E[accepted] = sum_i prod_{j<i} g_j: the chance that the first i positions all pass."""
+    total, run = 0.0, 1.0
+    for x in g:
+        run *= x
+        total += run
+    return total
+
+
+class VerifyCost:
+    """Smoothed time (ms) of one verification by the number of ids fed (1 .. gamma + 1)."""
+
+    def __init__(self, gamma: int) -> None:
+        self.ms = [0.0] * (gamma + 2)
+
+    def add(self, fed: int, ms: float) -> None:
+        old = self.ms[fed]
+        self.ms[fed] = ms if old == 0 else 0.8 * old + 0.2 * ms
+
+    def __call__(self, fed: int) -> float:
+        if self.ms[fed]:
+            return self.ms[fed]
+        seen = [(i, m) for i, m in enumerate(self.ms) if m]
+        if not seen:
+            return 1.0
+        lo = [(i, m) for i, m in seen if i < fed]
+        hi = [(i, m) for i, m in seen if i > fed]
+        if lo and hi:  # between two measured counts: interpolate
+            (i0, m0), (i1, m1) = lo[-1], hi[0]
+            return m0 + (m1 - m0) * (fed - i0) / (i1 - i0)
+        # Outside them: the slope of the two nearest, or the prior per extra id.
+        near = (lo[-2:] if lo else hi[:2])
+        (i0, m0) = near[-1] if lo else near[0]
+        slope = ((near[1][1] - near[0][1]) / (near[1][0] - near[0][0]) if len(near) == 2
+                 else EXTRA_ID_PRIOR * m0 / max(i0, 1))
+        return max(m0 + max(slope, 0.0) * (fed - i0), 1e-3)
+
+
+def reward(kind: str, g: Sequence[float], k: int, gamma: int, drafted_ms: float, fed: int,
+           cost: Callable[[int], float]) -> float:
+    """An arm's reward in [0, 1] from per-position acceptance probabilities g (docs/DESIGN.md §1, formula 5).
+
+    k is the draft length asked for this round (gamma, or less where the length adapts).
+    bd: block divergence, mean of 1 - TV(p_j, q_j) over the k positions (0 where nothing was drafted).
+    be: block efficiency, expected accepted / k.
+    throughput: expected tokens per second of the round, relative to the best a round can do
+    (gamma + 1 tokens from a free drafter); so a cheap drafter that accepts a little less can
+    beat a costly one, and a drafter that proposes nothing is charged one plain step.
+    """
+    if kind == "bd":
+        return sum(g) / max(k, 1)
+    e = expected_accepted(g)
+    if kind == "be":
+        return e / max(k, 1)
+    best = (gamma + 1) / cost(gamma + 1)
+    return min(1.0, (1 + e) / (drafted_ms + cost(fed)) / best)
+
+
+def best_length(alpha: float, kmax: int, ms_per_token: float, cost: Callable[[int], float]) -> tuple[float, int]:
+    """Expected tokens per ms of a round whose drafted positions each pass with probability alpha,
+    and the draft length 0..kmax that maximises it (0: a plain target step)."""
+    best_v, best_k = 1.0 / cost(1), 0
+    for kk in range(1, kmax + 1):
+        v = (1.0 + expected_accepted([alpha] * kk)) / (kk * ms_per_token + cost(kk + 1))
+        if v > best_v:
+            best_v, best_k = v, kk
+    return best_v, best_k
