@@ -38,6 +38,7 @@ from metasd.events import RoundEvent
 from metasd.models import Bundle
 from metasd.policies import POLICIES, single_drafter, single_method
 from metasd.presets import DEFAULT_PRESET, PRESETS
+from metasd.priors import DEFAULT_WEIGHT, PRIOR_REWARDS, PRIORS_DIR, PRIORS_FORMAT
 from metasd.tables import BenchResult, summarize, summary_markdown
 from metasd.validation import REWARDS, InvalidInput, clean_prompt, first_per_category, parse_prompt_set
 
@@ -522,4 +523,62 @@ def cmd_bench(a: argparse.Namespace) -> int:
     paths = write_outputs(result, a.out)
     print(paths["summary.md"].read_text(encoding="utf-8"))
     print(f"[bench] wrote {', '.join(str(p) for p in paths.values())}", file=sys.stderr)
+    return 0
+
+
+# ---------------------------------------------------------------------------------------------
+# Informed priors (metasd/priors.py): measured with the benchmark's prompts and runner
+
+
+def measure_priors(bundle: Bundle, prompts: list[Prompt], max_new_tokens: int, weight: float = DEFAULT_WEIGHT,
+                   progress: bool = True) -> dict[str, Any]:
+    """Run every prompt with full information once per reward kind and average each arm's reward."""
+    from tqdm.auto import tqdm
+
+    arms = bundle.default_drafters
+    sums = {r: dict.fromkeys(arms, 0.0) for r in PRIOR_REWARDS}
+    counts = {r: dict.fromkeys(arms, 0) for r in PRIOR_REWARDS}
+    jobs = [(r, p) for r in PRIOR_REWARDS for p in prompts]
+    for reward, p in tqdm(jobs, desc="priors", unit="run", file=sys.stderr, disable=not progress):
+        ids = prompt_ids(bundle, p.text, True)
+        rounds, _ = run(bundle, ids, drafters=arms, policy="metasd-ucb", reward=reward, full_info=True,
+                        max_new_tokens=max_new_tokens, priors=False)
+        for ev in rounds:
+            for a, x in ev.rewards.items():
+                if x is not None:
+                    sums[reward][a] += x
+                    counts[reward][a] += 1
+    return {
+        "format": PRIORS_FORMAT, "preset": bundle.preset.name, "weight": weight,
+        "means": {r: {a: round(sums[r][a] / counts[r][a], 4) for a in arms if counts[r][a]} for r in PRIOR_REWARDS},
+        "meta": {"prompts": [str(p.question_id) for p in prompts], "max_new_tokens": max_new_tokens,
+                 "date": time.strftime("%Y-%m-%d"), "command": " ".join(["python -m metasd priors", *sys.argv[2:]])},
+    }
+
+
+def add_priors_args(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("priors", help="measure a preset's informed priors (assets/priors/<preset>.json)")
+    p.add_argument("--preset", default=DEFAULT_PRESET)
+    p.add_argument("--prompts", required=True, help="Spec-Bench JSONL (question_id, category, turns)")
+    p.add_argument("--skip-per-category", type=int, default=3,
+                   help="leave out the first N of each category: the benchmark's default subset (default: %(default)s)")
+    p.add_argument("--per-category", type=int, default=2, help="prompts per category after those (default: %(default)s)")
+    p.add_argument("--max-new-tokens", type=int, default=64, help="default: %(default)s")
+    p.add_argument("--weight", type=float, default=DEFAULT_WEIGHT, help="pseudo-rounds per arm (default: %(default)s)")
+    p.add_argument("--out", default=None, help="default: assets/priors/<preset>.json")
+
+
+def cmd_priors(a: argparse.Namespace) -> int:
+    from metasd.models import load_bundle
+
+    everything = load_prompts(a.prompts, spec_bench_tasks=True)
+    skipped = set(id(p) for p in first_per_category(everything, a.skip_per_category, category=lambda p: p.category))
+    rest = [p for p in everything if id(p) not in skipped]
+    prompts = first_per_category(rest, a.per_category, category=lambda p: p.category)
+    bundle = load_bundle(a.preset)
+    doc = measure_priors(bundle, prompts, a.max_new_tokens, a.weight)
+    out = Path(a.out) if a.out else PRIORS_DIR / f"{a.preset}.json"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(doc, indent=2) + "\n", encoding="utf-8")
+    print(f"wrote {out}: {json.dumps(doc['means'])}")
     return 0

@@ -186,8 +186,7 @@ def main(argv: list[str] | None = None) -> int:
     _generate_args(sub)
     _drafters_args(sub)
     _replay_args(sub)
-    from metasd.bench import add_bench_args  # part of the package: a failing import is a real error
-    from metasd.priors import add_priors_args
+    from metasd.bench import add_bench_args, add_priors_args  # part of the package: a failing import is a real error
 
     add_bench_args(sub)
     add_priors_args(sub)
@@ -206,7 +205,7 @@ def main(argv: list[str] | None = None) -> int:
         if a.command == "replay":
             return cmd_replay(a)
         if a.command == "priors":
-            from metasd.priors import cmd_priors
+            from metasd.bench import cmd_priors
 
             return cmd_priors(a)
         return a.func(a)

@@ -152,7 +152,8 @@ def generate(bundle: Bundle, prompt: str | list[int], settings: Settings | None 
     if unknown:
         raise TypeError(f"generate() got unknown setting(s): {', '.join(sorted(unknown))}")
     opts = {**given, **overrides}
-    opts.setdefault("gamma", bundle.preset.gamma)
+    if opts.get("gamma") is None:  # None (the CLI's default) means the preset's
+        opts["gamma"] = bundle.preset.gamma
     st = validate_settings(bundle.drafter_names, max_new_tokens_limit=max_new_tokens_limit,
                            default=bundle.default_drafters, **opts)
     text_prompt = prompt if isinstance(prompt, str) else ""
@@ -226,16 +227,13 @@ class Request:
         self.prefill_s = time.perf_counter() - self.t_start
 
     def start_from_priors(self) -> Priors | None:
-        """Seed the policy with the preset's informed priors for this reward (and the drafters with their
-        measured costs, on the device they were measured on). None when there are none to use."""
+        """Seed the policy with the preset's informed priors for this reward. None when there are none to
+        use. (Drafting costs are not seeded: they depend on the machine and are measured on the first pull.)"""
         pri = load_priors(self.bundle.preset.name)
         means = pri.arm_means(self.st.reward, self.names) if pri else []
         if pri is None or self.policy.name == "fixed" or all(m is None for m in means):
             return None
         self.policy.set_prior(means, pri.weight)
-        if pri.device == self.dev.type:
-            for d in self.arms:
-                d.record_time(pri.ms_per_token.get(d.name, 0.0) / 1000, 1)
         return pri
 
     @property
@@ -334,7 +332,7 @@ class Request:
         self.accepted += v.accepted
         self.arms[r.arm].record_time(clock["draft"], len(r.tokens))
         self.verify_cost.add(len(r.inputs), 1000 * clock["verify"])
-        if len(r.tokens) == r.k and v.accepted == r.k:
+        if r.tokens and len(r.tokens) == r.k and v.accepted == r.k:  # a plain step says nothing of the arm
             self.caps[r.arm] = min(self.st.gamma, self.caps[r.arm] + 1)
         elif v.accepted < len(r.tokens):
             self.caps[r.arm] = max(1, v.accepted + 1)

@@ -26,7 +26,6 @@ from plotly.subplots import make_subplots
 
 from metasd.events import RoundEvent, Summary
 from metasd.policies import single_drafter
-from metasd.validation import first_per_category as pick_per_category  # noqa: F401 (the page's Compare tab)
 
 # Okabe-Ito's colour-blind-safe palette (darkened where a colour is too light for an underline on
 # white); a drafter keeps its colour, and its underline style, by its index in the preset. Colour is

@@ -103,14 +103,15 @@ def test_invalid_input_is_a_message_not_a_traceback(app_url):  # noqa: F811
 def test_only_preset_names_load_and_hub_presets_need_cuda(monkeypatch):
     import app
     from metasd.presets import PRESETS
+    from metasd.ui import bundles
     from metasd.validation import InvalidInput
 
-    monkeypatch.setattr(app, "HAS_CUDA", False)
+    monkeypatch.setattr(bundles, "HAS_CUDA", False)  # where available_presets reads it
     assert app.available_presets() == ["offline"]
     for bad in ("gpt2", "Qwen/Qwen2.5-7B-Instruct", "../../etc/passwd", "qwen2.5-7b", None, 3):
         with pytest.raises(InvalidInput):
             app.get_bundle(bad)
-    monkeypatch.setattr(app, "HAS_CUDA", True)
+    monkeypatch.setattr(bundles, "HAS_CUDA", True)
     assert app.available_presets() == list(PRESETS)
 
 

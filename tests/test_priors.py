@@ -20,8 +20,7 @@ ARMS = ["prompt-lookup", "token-recycling", "layer-skip", "tiny-lm"]
 def tiny_priors(tmp_path, monkeypatch):
     """A priors file for the tiny preset that makes the layer-skip drafter the clear favourite."""
     doc = {"format": priors_mod.PRIORS_FORMAT, "preset": "tiny", "weight": 3.0,
-           "means": {"bd": {"prompt-lookup": 0.1, "token-recycling": 0.1, "layer-skip": 0.9, "tiny-lm": 0.2}},
-           "ms_per_token": {"layer-skip": 0.5}, "device": "cpu", "meta": {}}
+           "means": {"bd": {"prompt-lookup": 0.1, "token-recycling": 0.1, "layer-skip": 0.9, "tiny-lm": 0.2}}, "meta": {}}
     (tmp_path / "tiny.json").write_text(json.dumps(doc))
     monkeypatch.setattr(priors_mod, "PRIORS_DIR", tmp_path)
     return doc

@@ -26,6 +26,10 @@ from hypothesis import strategies as st
 from transformers import DynamicCache
 
 import metasd.engine as engine
+from metasd.ui import bundles as ui_bundles
+from metasd.ui import compare as ui_compare
+from metasd.ui import files as ui_files
+from metasd.ui import playground as ui_playground
 from metasd.validation import LIMITS, InvalidInput, parse_prompt_set, validate_settings
 
 PROMPT = "Summarize in one sentence: the bakery on Elm Street opens at seven and sells rye bread, croissants and tea."
@@ -151,7 +155,7 @@ def test_generate_handler_refuses_clearly_or_runs_in_range(app, prompt, gamma, m
 @settings(max_examples=120, deadline=None)
 def test_compare_handler_validates_before_running(app, prompt, mnt, policy):
     ran: list = []
-    with mock.patch.object(app, "_method_runs", recorder(ran)):
+    with mock.patch.object(ui_compare, "_method_runs", recorder(ran)):
         try:
             app.compare_prompt(prompt, "offline", policy, mnt, progress=lambda *a, **k: None)
         except gr.Error as e:
@@ -175,7 +179,7 @@ def test_playground_handler_bounds_the_simulation(app, rows, policies, gamma, ro
     import pandas as pd
 
     calls: list = []
-    with mock.patch.object(app, "compare", recorder(calls)):
+    with mock.patch.object(ui_playground, "compare", recorder(calls)):
         try:
             app.run_playground(pd.DataFrame(rows, columns=["drafter", "acceptance", "cost"]), policies, gamma, rounds,
                                reward, False, spread, seed)
@@ -199,7 +203,7 @@ def test_uploaded_prompt_sets_are_checked(app, tmp_path_factory, lines, raw):
     path = tmp_path_factory.mktemp("up") / "set.jsonl"
     path.write_bytes("\n".join(lines).encode("utf-8", "surrogatepass") + raw)
     ran: list = []
-    with mock.patch.object(app, "_method_runs", recorder(ran)):
+    with mock.patch.object(ui_compare, "_method_runs", recorder(ran)):
         try:
             list(app.compare_set("upload", str(path), 10, "offline", "metasd-ucb", 8, progress=lambda *a, **k: None))
         except gr.Error as e:
@@ -311,7 +315,7 @@ def test_closed_tab_unload_stops_the_sessions_runs(app):
 
 
 def _final_text(outputs) -> str:
-    return "".join("".join(ev.emitted_text) for ev in outputs[-1][-1]["rounds"])
+    return "".join("".join(ev.emitted_text) for ev in outputs[-1][-1].rounds)
 
 
 @pytest.mark.parametrize("fault", [torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 20.00 GiB"),
@@ -351,7 +355,7 @@ def test_a_fault_in_the_baseline_measurement_is_a_message(app):
     def boom(*a, **k):
         raise torch.OutOfMemoryError("CUDA out of memory")
 
-    with mock.patch.object(app, "target_greedy", boom), pytest.raises(gr.Error, match="Out of memory"):
+    with mock.patch.object(ui_bundles, "target_greedy", boom), pytest.raises(gr.Error, match="Out of memory"):
         app.measure_baseline(record, {}, True, True)
     stats, baselines = app.measure_baseline(record, {}, True, True)
     assert len(baselines) == 1 and "identical" in next(iter(baselines.values()))["note"]
@@ -374,7 +378,7 @@ def test_memory_is_bounded_over_many_runs(app):
     for i in range(n_warm):
         one(i)
     before = settle()
-    with mock.patch.object(app, "TMP_MAX_FILES", 40):
+    with mock.patch.object(ui_files, "TMP_MAX_FILES", 40):
         for i in range(n_warm, n_total):
             one(i)
     after = settle()

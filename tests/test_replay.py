@@ -94,7 +94,7 @@ def test_replay_ends_on_exactly_the_live_token_view(tmp_path):
     assert replayed[-1][0] == live[-1][0], "the replay's final token view differs from the live one"
     assert replayed[-1][5] == live[-1][5]  # the plain-text answer too
     # the round slider: every round's state, and the last one is the end state
-    n = len(record["rounds"])
+    n = len(record.rounds)
     assert app.replay_at(js["value"], "", n)[0] == live[-1][0]
     middle = app.replay_at(js["value"], "", n // 2)[0]
     assert middle.count('class="tok ') < live[-1][0].count('class="tok ')

@@ -85,10 +85,10 @@ def test_uploads_are_size_limited(app_url, tmp_path):  # noqa: F811
 def test_the_api_cannot_load_a_model_by_name_or_path(app_url):  # noqa: F811
     from gradio_client import Client
 
-    import app
+    from metasd.ui import bundles
 
     client = Client(app_url, verbose=False)
-    with mock.patch.object(app, "load_bundle", side_effect=AssertionError("a model load was attempted")):
+    with mock.patch.object(bundles, "load_bundle", side_effect=AssertionError("a model load was attempted")):
         for name in ("gpt2", "Qwen/Qwen2.5-7B-Instruct", "/work/main", "../../etc/passwd", "https://example.com/m"):
             for api, args in (("/generate", ("hi",)), ("/compare", ("hi", name, "metasd-ucb", 8))):
                 kwargs = {"preset": name} if api == "/generate" else {}
@@ -114,7 +114,7 @@ def test_models_load_from_safetensors_without_remote_code():
         models.load_causal_lm("some/preset-model", torch.device("cpu"), torch.float32)
     kwargs = fp.call_args.kwargs
     assert kwargs["use_safetensors"] is True and kwargs["trust_remote_code"] is False
-    sources = [ROOT / "app.py", *sorted((ROOT / "metasd").glob("*.py"))]
+    sources = [ROOT / "app.py", *sorted((ROOT / "metasd").rglob("*.py"))]  # metasd/ui/ too
     for src in sources:
         text = src.read_text(encoding="utf-8")
         assert not re.search(r"trust_remote_code\s*=\s*True", text), src
@@ -154,8 +154,8 @@ def test_temp_files_are_private_and_unguessable():
                     p_draft=(0.9,), q_draft=(1.0,), accept_prob=(0.9,), reward=0.9, rewards={"prompt-lookup": 0.9},
                     probabilities={"prompt-lookup": 1.0}, regret=0.0, regret_measured=False, draft_ms=1.0, verify_ms=1.0,
                     overhead_ms=0.1, new_tokens=2, emitted_text=("a", "b"), draft_text=("a",))
-    record = {"prompt": "my private prompt", "rounds": [ev], "summary": None, "preset": "offline",
-              "settings": {"policy": "single:../../etc"}}
+    record = app.RunRecord(prompt="my private prompt", rounds=[ev], summary=None, preset="offline",
+                           settings={"policy": "single:../../etc"})
     csv, js = app.write_logs(record)
     folders = set()
     for upd in (csv, js):

@@ -1,0 +1,81 @@
+"""The models: only PRESETS names, each loaded (and warmed up) once and shared by every request, and
+MODEL, the fair slots through which requests take turns on them."""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from typing import Any
+
+import torch
+
+from metasd.engine import encode_prompt, target_greedy
+from metasd.engine import run as engine_run
+from metasd.models import Bundle, load_bundle
+from metasd.presets import DEFAULT_PRESET, PRESETS
+from metasd.streaming import FairSlots
+from metasd.ui.config import GEN_CONCURRENCY, HAS_CUDA, TORCH_THREADS
+from metasd.ui.errors import refused
+from metasd.validation import InvalidInput
+
+# The model, shared by every request: Generate holds it for a whole answer, Compare one run at a time,
+# first come first served, so nobody waits for a whole prompt set.
+MODEL = FairSlots(GEN_CONCURRENCY)
+
+_bundles: dict[str, Bundle] = {}
+_bundle_lock = threading.Lock()
+
+
+def available_presets() -> list[str]:
+    """Hub presets need a CUDA GPU; on a CPU only the offline preset is offered."""
+    return [n for n, p in PRESETS.items() if HAS_CUDA or "gpu" not in p.tags]
+
+
+def default_preset() -> str:
+    want = os.environ.get("METASD_PRESET") or DEFAULT_PRESET
+    return want if want in available_presets() else DEFAULT_PRESET
+
+
+def get_bundle(name: Any) -> Bundle:
+    """The loaded preset (loading it the first time). Anything but an offered preset name is refused."""
+    if not isinstance(name, str) or name not in available_presets():
+        raise InvalidInput(f"unknown preset {name!r}; this machine offers {', '.join(available_presets())}")
+    with _bundle_lock:
+        if name not in _bundles:
+            bundle = load_bundle(name)
+            _warm_up(bundle)
+            _bundles[name] = bundle
+        return _bundles[name]
+
+
+def _warm_up(bundle: Bundle) -> None:
+    """One short pass through both code paths, so the first timed request is not a cold start."""
+    ids = encode_prompt(bundle, "Hello!", True)
+    target_greedy(bundle, ids, 4)
+    engine_run(bundle, "Hello!", max_new_tokens=8)
+
+
+def bundle_for(name: Any) -> Bundle:
+    """get_bundle for a handler: a name it refuses is the user's message (gr.Error)."""
+    try:
+        return get_bundle(name)
+    except InvalidInput as e:
+        raise refused(e) from None
+
+
+def drafters_of(name: str) -> list[str]:
+    """The drafters a preset really has once loaded (a distilled drafter without weights is left out)."""
+    return get_bundle(name).drafter_names
+
+
+def measure_target(bundle: Bundle, prompt: str, n: int) -> tuple[list[int], float]:
+    """The target alone, timed under the same torch threading as the engine's worker (a fair ratio)."""
+    if not HAS_CUDA:
+        torch.set_num_threads(TORCH_THREADS)
+    ids = encode_prompt(bundle, prompt, True)
+    with MODEL.hold():
+        t = time.perf_counter()
+        out = target_greedy(bundle, ids, n)
+        return out, time.perf_counter() - t
+

@@ -1,0 +1,192 @@
+"""Compare tab handlers: each drafter alone and the bandit, greedy, against the target alone measured in
+the same run, on one prompt (/compare) or a prompt set (/compare_set), and the set's Cancel."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import gradio as gr
+import pandas as pd
+
+from metasd import viz
+from metasd.engine import generate
+from metasd.engine import run as engine_run
+from metasd.models import Bundle
+from metasd.policies import single_drafter, single_method
+from metasd.ui.bundles import MODEL, bundle_for, measure_target
+from metasd.ui.config import COMPARE_MAX_NEW_TOKENS, COMPARE_MAX_PROMPTS, EXAMPLES, gpu
+from metasd.ui.errors import failure, refused
+from metasd.ui.files import private_stem, prune_tmp, read_upload
+from metasd.ui.session import STOPS, Cancelled, compare_key
+from metasd.validation import PROMPT_SET_MAX_BYTES, InvalidInput, clean_prompt, first_per_category, number, parse_prompt_set
+
+
+def _checked(bundle: Bundle, prompt: Any, limit: int, **settings: Any) -> str:
+    """Validate a request exactly as the engine will (metasd.validation, context length included)
+    without running it; returns the cleaned prompt. Raises InvalidInput."""
+    text = clean_prompt(prompt)
+    generate(bundle, text, max_new_tokens_limit=limit, **settings).close()  # validates eagerly, runs nothing
+    return text
+
+
+def _methods(bundle: Bundle, policy: str) -> list[str]:
+    """What a comparison runs: each of the preset's drafters alone, then the bandit."""
+    return [single_method(d) for d in bundle.drafter_names] + [policy]
+
+
+def _method_runs(bundle: Bundle, prompt: str, methods: list[str], max_new_tokens: int,
+                 progress: Any, label: str, done: int, total: int,
+                 cancel: threading.Event | None = None, started: float | None = None) -> tuple[dict[str, Any], float, list[int]]:
+    """The target alone, then each method, on one prompt. Each run takes the model on its own (a Generate
+    request can go in between), and the progress line says how long the rest will take at this pace."""
+    started = time.perf_counter() if started is None else started
+
+    def step(i: int, what: str) -> None:
+        if cancel is not None and cancel.is_set():
+            raise Cancelled
+        left = ""
+        if done + i > 0:
+            per_run = (time.perf_counter() - started) / (done + i)
+            left = f" \u00b7 about {per_run * (total - done - i):.0f} s left"
+        progress((done + i, total), desc=f"{label}: {what}{left}")
+
+    step(0, "target alone")
+    ids, secs = measure_target(bundle, prompt, max_new_tokens)
+    base_tps = len(ids) / secs if secs > 0 else 0.0
+    out: dict[str, Any] = {}
+    for i, m in enumerate(methods, 1):
+        step(i, m)
+        alone = single_drafter(m)
+        with MODEL.hold():
+            out[m] = engine_run(bundle, prompt, drafters=None if alone is None else [alone], policy=m,
+                                max_new_tokens=max_new_tokens)
+    return out, base_tps, ids
+
+
+def cancel_compare(request: gr.Request = None) -> None:
+    """Cancel: the session's Compare run ends before its next run, keeping the results so far."""
+    STOPS.signal(compare_key(request))
+
+
+@gpu
+def compare_prompt(prompt: str, preset: str, policy: str, max_new_tokens: int,
+                   progress=gr.Progress(), request: gr.Request = None):  # noqa: B008  (gradio injects a tracker per call)
+    """One prompt under each drafter alone and under the bandit, side by side."""
+    bundle = bundle_for(preset)
+    names = bundle.drafter_names
+    methods = _methods(bundle, policy)
+    cancel = threading.Event()
+    key = compare_key(request)
+    try:
+        max_new_tokens = int(number("max_new_tokens", max_new_tokens, True, (1, COMPARE_MAX_NEW_TOKENS)))
+        prompt = _checked(bundle, prompt, COMPARE_MAX_NEW_TOKENS, policy=policy, max_new_tokens=max_new_tokens)
+        STOPS.start(key, cancel)
+        runs, base_tps, ref = _method_runs(bundle, prompt, methods, max_new_tokens, progress, "prompt", 0,
+                                           len(methods) + 1, cancel)
+    except InvalidInput as e:
+        raise refused(e) from None
+    except Cancelled:
+        raise gr.Error("Cancelled.", print_exception=False) from None
+    except Exception as e:
+        raise failure(e) from None
+    finally:
+        STOPS.end(key, cancel)
+    colors = viz.drafter_colors(names)
+    rows = [{"method": "target alone", "new_tokens": len(ref), "tokens_per_s": round(base_tps, 2), "speedup": 1.0,
+             "identical_to_target": True}]
+    cells = []
+    for m, (rounds, s) in runs.items():
+        rows.append(viz.method_row(m, s, base_tps, list(s.token_ids) == ref[: len(s.token_ids)], "this prompt"))
+        cells.append(f"<div><h4>{viz._esc(m)} \u2014 {s.tokens_per_s:.1f} tok/s, "
+                     f"{s.tokens_per_s / base_tps:.2f}\u00d7</h4>"
+                     f"{viz.token_html(rounds, colors, legend=False)}</div>")
+    df = pd.DataFrame(rows)
+    grid = viz.legend_html(colors) + '<div class="cmp-grid">' + "".join(cells) + "</div>"
+    shown = df[["method", "new_tokens", "tokens_per_s", "speedup", "mean_accepted", "acceptance_rate", "target_calls",
+                "identical_to_target"]]
+    return shown, grid, viz.speedup_bars(df.assign(category="this prompt"), colors)
+
+
+@gpu
+def compare_set(source: str, upload: Any, per_category: int, preset: str, policy: str, max_new_tokens: int,
+                progress=gr.Progress(), request: gr.Request = None):  # noqa: B008  (gradio injects a tracker per call)
+    """A prompt set: each drafter alone and the bandit on every prompt; acceptance heatmap and speed-up bars,
+    updated after every prompt. Cancel ends it before its next run and keeps what it measured."""
+    bundle = bundle_for(preset)
+    items, max_new_tokens = _prompt_set(bundle, source, upload, per_category, policy, max_new_tokens)
+    colors = viz.drafter_colors(bundle.drafter_names)
+    cancel = threading.Event()
+    key = compare_key(request)
+    STOPS.start(key, cancel)
+    try:
+        rows, cancelled_at = yield from _run_set(bundle, items, _methods(bundle, policy), max_new_tokens, progress,
+                                                 cancel, colors)
+    finally:
+        STOPS.end(key, cancel)
+    if not rows:
+        raise gr.Error("Cancelled before the first prompt finished." if cancelled_at is not None
+                       else "No prompt of the set could be run (see the warnings).", print_exception=False)
+    if cancelled_at is not None:
+        gr.Warning(f"Cancelled: results for {cancelled_at} of {len(items)} prompts.")
+    df = pd.DataFrame(rows)
+    prune_tmp()
+    path = private_stem("compare", preset).with_suffix(".csv")
+    df.to_csv(path, index=False)
+    yield viz.acceptance_heatmap(df), viz.speedup_bars(df, colors), df, gr.update(value=str(path), interactive=True)
+
+
+def _prompt_set(bundle: Bundle, source: str, upload: Any, per_category: Any, policy: str,
+                max_new_tokens: Any) -> tuple[list[dict[str, Any]], int]:
+    """The set's prompts (at most COMPARE_MAX_PROMPTS, per_category of each task) and max new tokens, all
+    checked before anything runs."""
+    try:
+        per_category = int(number("per_category", per_category, True))
+        max_new_tokens = int(number("max_new_tokens", max_new_tokens, True, (1, COMPARE_MAX_NEW_TOKENS)))
+        # The settings once, on a short prompt: policy and max new tokens are the same for every prompt.
+        _checked(bundle, "settings check", COMPARE_MAX_NEW_TOKENS, policy=policy, max_new_tokens=max_new_tokens)
+        if source == "upload":
+            data, _ = read_upload(upload, PROMPT_SET_MAX_BYTES, "prompt file",
+                                  "Upload a JSONL file (question_id, category, turns) first.")
+            items = parse_prompt_set(data)
+        elif source == "examples":
+            items = [{"question_id": e["question_id"], "category": e["category"], "prompt": e["turns"][0]} for e in EXAMPLES]
+        else:
+            raise InvalidInput(f"unknown prompt source {source!r}; choose examples or upload")
+    except InvalidInput as e:
+        raise refused(e) from None
+    items = first_per_category(items, per_category)
+    if len(items) > COMPARE_MAX_PROMPTS:
+        gr.Warning(f"Using the first {COMPARE_MAX_PROMPTS} of {len(items)} prompts.")
+        items = items[:COMPARE_MAX_PROMPTS]
+    return items, max_new_tokens
+
+
+def _run_set(bundle: Bundle, items: list[dict[str, Any]], methods: list[str], max_new_tokens: int, progress: Any,
+             cancel: threading.Event, colors: dict[str, str]) -> Iterator[tuple]:
+    """Every method on every prompt, yielding the results so far after each prompt but the last; returns
+    the rows and, if cancelled, at which prompt. A prompt the engine refuses is skipped with a warning."""
+    per = len(methods) + 1
+    rows: list[dict[str, Any]] = []
+    started = time.perf_counter()
+    for k, it in enumerate(items):
+        try:
+            runs, base_tps, ref = _method_runs(bundle, it["prompt"], methods, max_new_tokens, progress,
+                                               f"{it['category']} {k + 1}/{len(items)}", k * per, len(items) * per,
+                                               cancel, started)
+        except InvalidInput as e:  # e.g. a prompt longer than the model's context
+            gr.Warning(f"Skipped {it['question_id']}: {e}")
+            continue
+        except Cancelled:
+            return rows, k
+        except Exception as e:
+            raise failure(e) from None
+        for m, (_, s) in runs.items():
+            rows.append(viz.method_row(m, s, base_tps, list(s.token_ids) == ref[: len(s.token_ids)],
+                                       it["category"], it["question_id"]))
+        if k + 1 < len(items):  # the results so far, while the rest runs
+            df = pd.DataFrame(rows)
+            yield viz.acceptance_heatmap(df), viz.speedup_bars(df, colors), df, gr.skip()
+    return rows, None

@@ -1,0 +1,69 @@
+"""What the machine and the operator decide, read once at import: the GPU (and ZeroGPU), how many
+generations run at once, the limits of a request, the page's defaults and its examples.
+
+Environment: $METASD_CONCURRENCY, $METASD_QUEUE_SIZE, $METASD_TORCH_THREADS, $METASD_FRAME_FPS,
+$METASD_PRESET (see bundles.default_preset) and $METASD_PLUGINS.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from metasd.registry import load_plugins
+
+try:  # ZeroGPU on Hugging Face Spaces: a GPU is attached only inside decorated calls.
+    import spaces
+
+    def gpu(fn: Callable) -> Callable:
+        return spaces.GPU(duration=120)(fn)
+except ImportError:  # anywhere else: a no-op
+
+    def gpu(fn: Callable) -> Callable:
+        return fn
+
+
+# Operator plugins (metasd.registry): modules named by whoever runs the server, never by the page. Their
+# drafters join every preset's list, each with a colour of its own.
+PLUGIN_DRAFTERS = load_plugins(os.environ.get("METASD_PLUGINS"))
+ROOT = Path(__file__).resolve().parents[2]  # the repository: app.py, metasd/, assets/
+ASSETS = ROOT / "assets"
+HAS_CUDA = torch.cuda.is_available()
+# Generations that may run at once (each one holds the model): 1 on a CPU, 2 on a GPU.
+GEN_CONCURRENCY = int(os.environ.get("METASD_CONCURRENCY", "2" if HAS_CUDA else "1"))
+QUEUE_SIZE = int(os.environ.get("METASD_QUEUE_SIZE", "32"))
+# torch threads per generation on a CPU. Measured on the offline preset (2 cores): one thread runs the
+# engine as fast as two do from the main thread (11.8 vs 12.0 tokens/s), while two threads from a
+# worker thread, where the server runs every request, fall to 10.0. One thread also leaves a core to
+# the web server and the renderer. Larger machines get their cores shared out between generations.
+TORCH_THREADS = int(os.environ.get("METASD_TORCH_THREADS", "0")) or max(1, (os.cpu_count() or 2) // (GEN_CONCURRENCY + 1))
+# The prompt's prefill is one large batch, where more threads do pay: every core's share for it.
+PREFILL_THREADS = max(TORCH_THREADS, (os.cpu_count() or 2) // GEN_CONCURRENCY)
+MAX_NEW_TOKENS = 1024 if HAS_CUDA else 512
+COMPARE_MAX_NEW_TOKENS = 256
+COMPARE_MAX_PROMPTS = 40 if HAS_CUDA else 21
+PLOT_INTERVAL_S = 0.5  # figures and the table refresh at most twice a second; the tokens up to FRAME_FPS
+FRAME_FPS = float(os.environ.get("METASD_FRAME_FPS", "8"))  # frames a second at most (the token view)
+
+EXAMPLES: list[dict[str, Any]] = json.loads((ASSETS / "examples.json").read_text(encoding="utf-8"))
+TASKS = list(dict.fromkeys(e["category"] for e in EXAMPLES))
+TASK_TITLES = {"translation": "Translation", "summarization": "Summarization", "qa": "QA", "math": "Math",
+               "rag": "RAG", "code": "Code", "chat": "Chat"}
+# The page's defaults. Measured on this 2-core CPU with the engine's one torch thread (target alone vs the
+# engine, fastest of 2, 128 new tokens): the cost-aware bandit beat the paper's MetaSD-UCB on all 14
+# examples (e.g. QA 0.96x vs 0.75x, translation 1.23x vs 0.99x), because here a rejected draft costs more
+# than a plain step; the paper's policy stays one click away. The RAG example opens the page: it shows
+# prompt lookup copying from the context (1.16x).
+PAGE_POLICY = "metasd-ucb-cost"
+PAGE_EXAMPLE = next(i for i, e in enumerate(EXAMPLES) if e["question_id"] == "ex-rag-1")
+REWARD_CHOICES = [("block divergence (bd)", "bd"), ("block efficiency (be)", "be"), ("throughput", "throughput")]
+
+
+def task_title(category: str) -> str:
+    """The task's name as the page shows it (an unknown category as it is)."""
+    return TASK_TITLES.get(category, category)

@@ -1,0 +1,88 @@
+"""The page's long texts: how to read the views, the playground's explanation (LaTeX), the tabs'
+introductions and captions, and the keyboard script in the page's HEAD."""
+
+HERO = ('<div id="hero"><h1>MetaSD Studio <span class="pill">{pill}</span></h1><p>Multi-drafter speculative decoding: '
+        "a bandit picks, round by round, which drafter proposes the next tokens; the target verifies them losslessly. "
+        "Every token is coloured by the drafter that proposed it.</p></div>")
+
+HOW_TO_READ = """
+- **Coloured, underlined token**: a drafter proposed it and the target accepted it. Each drafter has its own
+  colour *and* underline style (legend above the tokens); hover a token for the drafter, p, q and min(1, p/q).
+- **Plain token** (no colour): the target's own token. Every round ends with one: the correction after the first
+  rejected draft token, or the **bonus token** when every drafted token was accepted.
+- **Struck-through token**: drafted but rejected (or discarded after the first rejection). It is not part of the
+  answer; untick *Show rejected draft tokens* to hide them.
+- **\u2205**: a drafted token with no text of its own (a special token, or part of a character); **\u21b5**: a newline.
+- **Accepted / call**: drafted tokens kept per target forward pass; each call also adds one token of the target's.
+- **Arm probabilities**: how likely the bandit was to pick each drafter before each round. A drafter with nothing
+  to propose that round (no match) is *asleep*: probability 0.
+- **Regret**: tokens lost so far against always using the drafter that turned out best; *measured* with
+  full-information feedback, *estimated* otherwise.
+- **Speed-up**: the engine's tokens/s over the target alone on the same prompt, both measured here.
+"""
+
+EXPLAIN = r"""
+### Speculative decoding
+A cheap **drafter** proposes $\gamma$ tokens; the **target** checks them all in one forward pass.
+Draft token $x$ (drafter probability $q(x)$, target probability $p(x)$) is accepted with probability
+$$\min\left(1, \frac{p(x)}{q(x)}\right)$$
+At the first rejection a replacement is sampled from $\mathrm{norm}(\max(0, p - q))$; if all $\gamma$ pass, the
+target adds a **bonus token**. The output has exactly the target's distribution (lossless). Per position the
+acceptance rate is $\beta = \sum_x \min(p(x), q(x)) = 1 - \mathrm{TV}(p, q)$, and with i.i.d. acceptance $\alpha$
+$$\mathbb{E}[\text{tokens per target call}] = \frac{1 - \alpha^{\gamma + 1}}{1 - \alpha}, \qquad
+\text{speed-up} = \frac{1 - \alpha^{\gamma + 1}}{(1 - \alpha)(\gamma c + 1)}$$
+where $c$ is the cost of one drafter step relative to one target step.
+
+### The bandit
+Each drafter is an **arm**; every round a policy picks one and observes a **reward** in $[0, 1]$.
+MetaSD's block divergence uses the target's distributions at every drafted position,
+$$r_{BD} = \frac{1}{\gamma} \sum_{j=1}^{\gamma} \left(1 - \mathrm{TV}(p_j, q_j)\right),$$
+far less noisy than the block efficiency $r_{BE} = \text{accepted} / \gamma$. MetaSD-UCB pulls every arm once, then
+$$a_t = \arg\max_i \; \hat{\mu}_i + \beta \sqrt{\frac{2 \ln t}{n_i}}$$
+With **full-information feedback** every drafter is scored on every verified chunk, and Hedge plays
+$P(i) \propto \exp(\eta \sum_s r_{i,s})$, whose regret grows with $\log K$ rather than $K$.
+Neither $r_{BD}$ nor $r_{BE}$ sees the drafter's cost; the **throughput** reward does.
+
+### Regret
+Tokens lost against the best drafter in hindsight. Here, with known rates: in the time $\tau_{a_t} = \gamma c_{a_t} + 1$
+the chosen drafter used, the best one would have produced $v^* \tau_{a_t}$ tokens ($v_i$ = expected tokens per target step), so
+$$R_T = \sum_{t=1}^{T} \left( v^* \tau_{a_t} - \mathbb{E}[\text{tokens}_{a_t}] \right)$$
+Good policies bend the curve flat (logarithmic); a cost-blind reward with an expensive, accurate drafter keeps it rising.
+"""
+
+# Display math in $$ ... $$, inline math in $ ... $ (EXPLAIN's notation).
+LATEX_DELIMITERS = [{"left": "$$", "right": "$$", "display": True}, {"left": "$", "right": "$", "display": False}]
+
+ARM_CAPTION = ("The policy's probability of choosing each drafter before every round "
+               "(stacked); the ticks below mark the drafter it pulled.")
+REGRET_CAPTION = ("Tokens lost so far against always using the drafter that was best in "
+                  "hindsight; a curve that flattens means the bandit found it.")
+COMPARE_INTRO = ("Each drafter alone (`single:<name>`) and the bandit, greedy, against the target alone measured "
+                 "in the same run. Speed-ups are measured, never computed from formulas.")
+COMPARE_SET_NOTE = ("Runs share the model with the Generate tab one step at a time: other users' answers are "
+                    "served between the steps. Cancel keeps the results so far.")
+REPLAY_INTRO = ("Replay a recorded run at any speed, without a model: prepare runs before class (on a GPU "
+                "too), then play them here, or step through them round by round. Share one with a link: "
+                "`?run=<name>`. Upload the JSON from *Per-round log* or `python -m metasd generate --json`.")
+
+# Keyboard: Ctrl+Enter (Cmd+Enter) runs, Esc stops. Captured before the text box sees the keys, so a
+# Ctrl+Enter in the prompt does not also submit it a second time.
+HEAD = """<script>
+// On a narrow screen the answer sits below the settings: bring it into view when a run starts.
+const showAnswer = () => setTimeout(() => {
+  const t = document.getElementById("tokens");
+  if (t && t.getBoundingClientRect().top > window.innerHeight * 0.6) t.scrollIntoView({behavior: "smooth", block: "start"});
+}, 50);
+document.addEventListener("click", (e) => { if (e.target.closest && e.target.closest("#run")) showAnswer(); }, true);
+document.addEventListener("keydown", (e) => {
+  const click = (id) => {
+    const b = document.getElementById(id);
+    if (b && !b.disabled) { b.click(); return true; }
+    return false;
+  };
+  if (e.key === "Enter" && (e.ctrlKey || e.metaKey)) {
+    if (click("run")) { e.preventDefault(); e.stopPropagation(); showAnswer(); }
+  }
+  else if (e.key === "Escape") { click("stop"); }
+}, true);
+</script>"""
