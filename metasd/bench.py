@@ -42,6 +42,7 @@ from metasd.priors import DEFAULT_WEIGHT, PRIOR_REWARDS, PRIORS_DIR, PRIORS_FORM
 from metasd.tables import BenchResult, summarize, summary_markdown
 from metasd.validation import REWARDS, InvalidInput, clean_prompt, first_per_category, parse_prompt_set
 
+EXAMPLES_FILE = Path(__file__).resolve().parent.parent / "assets" / "examples.json"
 BENCH_FILE_MAX_BYTES = 200_000_000  # a local prompts file (Spec-Bench's is 0.7 MB)
 DEFAULT_PLD_TOKENS = 10  # transformers' prompt lookup as docs/DESIGN.md §4 reports it
 RESULT_COLUMNS = [
@@ -159,17 +160,23 @@ MT_BENCH = ("writing", "roleplay", "reasoning", "math", "coding", "extraction", 
 
 def load_prompts(path: str | Path, categories: str | Sequence[str] | None = None,
                  per_category: int | None = None, spec_bench_tasks: bool = False) -> list[Prompt]:
-    """Spec-Bench's format: one JSON object per line with question_id, category and turns.
+    """Spec-Bench's format: one JSON object per line with question_id, category and turns; `path`
+    "examples" reads the page's own examples (assets/examples.json).
 
     The first turn is the prompt. Keeps the file's order; `per_category` takes the first N of each.
     With `spec_bench_tasks`, MT-Bench's sub-categories become one category "mt_bench", whose
     first N prompts are taken one from each sub-category in turn.
     """
-    p = Path(path)
-    if not p.is_file():
-        raise InvalidInput(f"no prompts file at {p}")
+    if str(path) == "examples":  # the page's own examples (a JSON list of the same objects)
+        p = EXAMPLES_FILE
+        data = "\n".join(json.dumps(e) for e in json.loads(p.read_text(encoding="utf-8"))).encode("utf-8")
+    else:
+        p = Path(path)
+        if not p.is_file():
+            raise InvalidInput(f"no prompts file at {p}")
+        data = p.read_bytes()
     try:
-        items = parse_prompt_set(p.read_bytes(), max_bytes=BENCH_FILE_MAX_BYTES, max_lines=10**6, int_ids=True)
+        items = parse_prompt_set(data, max_bytes=BENCH_FILE_MAX_BYTES, max_lines=10**6, int_ids=True)
     except InvalidInput as e:
         raise InvalidInput(f"{p}: {e}") from None
     rows = [Prompt(it["question_id"], it["category"], it["prompt"]) for it in items]
@@ -463,7 +470,8 @@ def write_outputs(result: BenchResult, out_dir: str | Path, html: bool = True) -
 
 def add_bench_args(sub: argparse._SubParsersAction) -> None:
     b = sub.add_parser("bench", help="benchmark methods side by side on Spec-Bench-style prompts")
-    b.add_argument("--prompts", required=True, help="JSONL with question_id, category, turns (Spec-Bench's format)")
+    b.add_argument("--prompts", required=True,
+                   help="JSONL with question_id, category, turns (Spec-Bench's format), or `examples`: the page's own")
     b.add_argument("--categories", default=None, help="comma-separated categories (default: all in the file)")
     b.add_argument("--per-category", type=int, default=3, help="first N prompts of each category (0: all; default 3)")
     b.add_argument("--max-new-tokens", type=int, default=128)
@@ -575,6 +583,8 @@ def cmd_priors(a: argparse.Namespace) -> int:
     skipped = set(id(p) for p in first_per_category(everything, a.skip_per_category, category=lambda p: p.category))
     rest = [p for p in everything if id(p) not in skipped]
     prompts = first_per_category(rest, a.per_category, category=lambda p: p.category)
+    if not prompts:
+        raise InvalidInput(f"no prompts left in {a.prompts} after skipping {a.skip_per_category} per category")
     bundle = load_bundle(a.preset)
     doc = measure_priors(bundle, prompts, a.max_new_tokens, a.weight)
     out = Path(a.out) if a.out else PRIORS_DIR / f"{a.preset}.json"

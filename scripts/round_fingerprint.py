@@ -4,7 +4,9 @@ For each (prompt, method) it records the generated ids, the number of target cal
 the drafter, the draft length and the accepted count. Timing feeds two decisions (the cost-aware
 policy's plan and the throughput reward), so the measured clocks are replaced by a fixed cost model
 here: each drafter costs a constant per drafted token and a verification of n ids costs 40 + 6 n ms.
-Two runs of the same code then give identical files, and a refactor that keeps behaviour does too.
+Two runs of the same code then give identical files, and a refactor that keeps behaviour does too, except
+for the throughput reward: it charges a round the drafting time measured in that round, so its runs
+differ from one run of the script to the next even on the same code (`--only throughput` twice shows it).
 
     python scripts/round_fingerprint.py --out before.json
     python scripts/round_fingerprint.py --out after.json --compare before.json
@@ -15,6 +17,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from dataclasses import fields
 from pathlib import Path
 
 import torch
@@ -27,6 +30,7 @@ from metasd import engine  # noqa: E402
 from metasd.drafters import Drafter  # noqa: E402
 from metasd.models import load_bundle  # noqa: E402
 from metasd.policies import POLICIES, single_method  # noqa: E402
+from metasd.validation import Settings  # noqa: E402
 
 FAKE_MS = {"prompt-lookup": 0.01, "token-recycling": 0.01}  # model drafters: 3 ms a token
 
@@ -56,6 +60,7 @@ def main() -> int:
     ap.add_argument("--compare", default=None, help="an earlier fingerprint file: report every difference")
     ap.add_argument("--examples", default="ex-translation-1,ex-summarization-1,ex-math-1,ex-code-1,ex-rag-1")
     ap.add_argument("--max-new-tokens", type=int, default=40)
+    ap.add_argument("--only", default="", help="only methods whose name contains this")
     a = ap.parse_args()
     torch.set_num_threads(1)
     freeze_costs()
@@ -63,9 +68,11 @@ def main() -> int:
     examples = {e["question_id"]: e for e in json.loads((ROOT / "assets/examples.json").read_text())}
     names = bundle.default_drafters
     result: dict[str, dict] = {}
-    jobs = [(q, m, kw) for q in a.examples.split(",") for m, kw in methods(names)]
+    jobs = [(q, m, kw) for q in a.examples.split(",") for m, kw in methods(names) if a.only in m]
+    # Informed priors are a feature of their own: the fingerprint compares the cold bandit.
+    cold = {"priors": False} if "priors" in {f.name for f in fields(Settings)} else {}
     for q, m, kw in tqdm(jobs, desc="fingerprint"):
-        kw = {"policy": m, "drafters": names, **kw}
+        kw = {"policy": m, "drafters": names, **cold, **kw}
         rounds, summary = engine.run(bundle, examples[q]["turns"][0], max_new_tokens=a.max_new_tokens, **kw)
         result[f"{q} {m}"] = {
             "tokens": list(summary.token_ids), "target_calls": summary.target_calls,

@@ -28,7 +28,7 @@ CLI_TIMEOUT_S = 180
 
 # (program, subcommand) of every command kind that has a smoke test in this file.
 COVERED = {("make", "run"), ("make", "test"), ("metasd", "generate"), ("metasd", "bench"), ("metasd", "drafters"),
-           ("metasd", "replay"), ("metasd.train", None)}
+           ("metasd", "replay"), ("metasd", "priors"), ("metasd.train", None)}
 
 # Files the README names that do not exist: none. An entry here would fail the test once the file
 # exists (or the README stops naming it), so the list cannot go stale.
@@ -304,6 +304,25 @@ def test_bench_two_prompts(tmp_path):
 
 
 @pytest.mark.timeout(120)
+def test_priors_command(tmp_path):
+    cmd = commands_of(("metasd", "priors"))[0]
+    prompts = tmp_path / "question.jsonl"
+    rows = [{"question_id": i, "category": c, "turns": [t]} for i, (c, t) in enumerate([
+        ("qa", "What is the capital of France?"), ("qa", "Name a large ocean."),
+        ("summarization", "Summarize: the bakery opens at seven and sells rye bread. The bakery opens at seven."),
+        ("summarization", "Summarize: the train leaves at noon. It arrives in Lyon at three. The train is red.")])]
+    prompts.write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
+    out = tmp_path / "priors.json"
+    ok(run([program(cmd), "-m", "metasd", "priors", "--prompts", str(prompts), "--skip-per-category", "1",
+            "--per-category", "1", "--max-new-tokens", "6", "--out", str(out)]))
+    doc = json.loads(out.read_text(encoding="utf-8"))
+    assert doc["preset"] == "offline" and doc["meta"]["prompts"] == ["1", "3"]  # the first of each category skipped
+    assert set(doc["means"]) == {"bd", "be"} and all(0 <= v <= 1 for m in doc["means"].values() for v in m.values())
+    bad = run([program(cmd), "-m", "metasd", "priors", "--prompts", str(prompts), "--skip-per-category", "5",
+               "--out", str(out)])
+    assert bad.returncode == 2 and bad.stderr.strip().startswith("error:"), bad.stderr
+
+
 def test_train_help():
     (cmd,) = commands_of(("metasd.train", None))
     assert program(cmd) == readme_python(), cmd  # help_text runs the README's interpreter
