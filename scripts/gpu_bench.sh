@@ -4,22 +4,44 @@
 #
 #   scripts/gpu_bench.sh                       # qwen2.5-1.5b, 6 categories x 1 prompt, 128 tokens
 #   PRESET=qwen2.5-7b scripts/gpu_bench.sh     # the larger preset (~24 GB)
+#   scripts/gpu_bench.sh --dry-run             # the same commands on the CPU against tiny stand-ins (CI)
 #
 # Settings (environment): PRESET, DEVICE (cuda), PROMPTS (Spec-Bench question.jsonl), CATEGORIES,
-# PER_CATEGORY, MAX_NEW_TOKENS, METHODS, OUT_DIR, TIME_LIMIT (seconds, whole run), PYTHON.
+# PER_CATEGORY, MAX_NEW_TOKENS, METHODS, OUT_DIR, TIME_LIMIT (seconds, whole run), RUN_EXAMPLES (the
+# examples recorded as replays), PYTHON; METASD_DRY_RUN=1 is the same as --dry-run.
 # The models come from the Hugging Face hub: on a machine without network they must already be
 # in the hub cache (then set HF_HUB_OFFLINE=1). Results go to OUT_DIR, and also to $OUT when the
 # device runner sets it (so they come back from the GPU machine).
+#
+# --dry-run writes 2-layer stand-ins with the preset's repository ids into a temporary hub cache
+# (tests/hub_standins.py), sets HF_HUB_OFFLINE=1, and runs every command below on the CPU with tiny
+# settings, so the script cannot rot before a GPU runs it. Its figures mean nothing.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
+DRY_RUN=${METASD_DRY_RUN:-0}
+args_in=()
+for a in "$@"; do
+  if [[ $a == --dry-run ]]; then DRY_RUN=1; else args_in+=("$a"); fi
+done
+set -- "${args_in[@]+"${args_in[@]}"}"
+
 PRESET=${PRESET:-qwen2.5-1.5b}
+if [[ $DRY_RUN == 1 ]]; then
+  DEVICE=${DEVICE:-cpu}
+  MAX_NEW_TOKENS=${MAX_NEW_TOKENS:-8}
+  TIME_LIMIT=${TIME_LIMIT:-240}
+  OUT_DIR=${OUT_DIR:-bench-out/dry-$PRESET}
+  RUN_EXAMPLES=${RUN_EXAMPLES:-ex-rag-1}
+  export OMP_NUM_THREADS=${OMP_NUM_THREADS:-1}  # tiny models: one thread is the fastest
+fi
 DEVICE=${DEVICE:-cuda}
 CATEGORIES=${CATEGORIES:-translation,summarization,qa,math_reasoning,rag,coding}
 PER_CATEGORY=${PER_CATEGORY:-1}
 MAX_NEW_TOKENS=${MAX_NEW_TOKENS:-128}
 TIME_LIMIT=${TIME_LIMIT:-290}
 OUT_DIR=${OUT_DIR:-bench-out/gpu-$PRESET}
+RUN_EXAMPLES=${RUN_EXAMPLES:-ex-rag-1 ex-code-1 ex-math-1}
 
 if [[ -z "${PYTHON:-}" ]]; then
   if [[ -x .venv/bin/python ]]; then PYTHON=.venv/bin/python; else PYTHON=python3; fi
@@ -29,6 +51,18 @@ if [[ -z "${PROMPTS:-}" ]]; then
   for p in shared/specbench/question.jsonl ../shared/specbench/question.jsonl /work/shared/specbench/question.jsonl; do
     if [[ -f $p ]]; then PROMPTS=$p; break; fi
   done
+fi
+if [[ $DRY_RUN == 1 ]]; then
+  STANDINS=$(mktemp -d "${TMPDIR:-/tmp}/metasd-standins.XXXXXX")
+  trap 'rm -rf "$STANDINS"' EXIT
+  if [[ -z "${PROMPTS:-}" ]]; then  # no Spec-Bench here: the page's examples, in its format
+    PROMPTS=$STANDINS/examples.jsonl
+    "$PYTHON" -c "import json,sys; [print(json.dumps(e)) for e in json.load(open('assets/examples.json'))]" > "$PROMPTS"
+    CATEGORIES=$("$PYTHON" -c "import json; print(','.join(dict.fromkeys(e['category'] for e in json.load(open('assets/examples.json')))))")
+  fi
+  echo "gpu_bench: dry run: stand-ins for $PRESET in $STANDINS/hub" >&2
+  PYTHONPATH=. TOKENIZERS_PARALLELISM=false "$PYTHON" -m tests.hub_standins "$STANDINS/hub"
+  export HF_HUB_CACHE=$STANDINS/hub HF_HOME=$STANDINS/hf-home HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1
 fi
 if [[ -z "${PROMPTS:-}" || ! -f $PROMPTS ]]; then
   echo "gpu_bench: no Spec-Bench question.jsonl found; set PROMPTS=/path/to/question.jsonl" >&2
@@ -40,7 +74,9 @@ if [[ -z "${METHODS:-}" ]]; then
     qwen2.5-1.5b)
       METHODS=baseline,hf-pld,hf-assisted:qwen-0.5b,single:qwen-0.5b,single:coder-0.5b,single:prompt-lookup,single:token-recycling,metasd-ucb,metasd-ucb/throughput,hedge,oracle ;;
     qwen2.5-7b)
-      METHODS=baseline,hf-pld,hf-assisted:qwen-0.5b,single:qwen-0.5b,single:coder-0.5b,single:math-1.5b,single:prompt-lookup,single:token-recycling,metasd-ucb,metasd-ucb/throughput,oracle ;;
+      # No hf-assisted here: the 7B's embedding table has 128 more rows than its drafters', and transformers'
+      # assisted generation then demands two tokenizers (universal assisted decoding, a different algorithm).
+      METHODS=baseline,hf-pld,single:qwen-0.5b,single:coder-0.5b,single:math-1.5b,single:prompt-lookup,single:token-recycling,metasd-ucb,metasd-ucb/throughput,oracle ;;
     *)
       METHODS="" ;;  # the benchmark's default set for the preset
   esac
@@ -71,12 +107,12 @@ echo "gpu_bench: finished with exit status $rc in $(( $(date +%s) - start )) s" 
 # Replays for the gallery (the Replay tab, `?run=gpu-<preset>-<name>`): a few examples as run files, so a
 # CPU-only Space can show what the GPU preset does. Copy them into assets/runs/ to publish them.
 mkdir -p "$OUT_DIR/runs"
-for qid in ex-rag-1 ex-code-1 ex-math-1; do
+for qid in $RUN_EXAMPLES; do
   prompt=$(PYTHONPATH=. "$PYTHON" -c "import json,sys; print(next(e['turns'][0] for e in json.load(open('assets/examples.json')) if e['question_id']==sys.argv[1]))" "$qid")
   PYTHONPATH=. TOKENIZERS_PARALLELISM=false "$PYTHON" -m metasd generate "$prompt" --preset "$PRESET" --device "$DEVICE" \
     --max-new-tokens "$MAX_NEW_TOKENS" --json > "$OUT_DIR/runs/gpu-$PRESET-$qid.json" || rc=$?
 done
-if [[ -n "${OUT:-}" && -d "${OUT:-}" ]]; then
+if [[ $DRY_RUN != 1 && -n "${OUT:-}" && -d "${OUT:-}" ]]; then
   cp -r "$OUT_DIR" "$OUT/" 2>/dev/null || true
 fi
 exit $rc

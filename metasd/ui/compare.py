@@ -16,6 +16,7 @@ from metasd.engine import generate
 from metasd.engine import run as engine_run
 from metasd.models import Bundle
 from metasd.policies import single_drafter, single_method
+from metasd.spaces import MAX_S
 from metasd.ui.bundles import MODEL, bundle_for, measure_target
 from metasd.ui.config import COMPARE_MAX_NEW_TOKENS, COMPARE_MAX_PROMPTS, EXAMPLES, gpu
 from metasd.ui.errors import failure, refused
@@ -71,7 +72,7 @@ def cancel_compare(request: gr.Request = None) -> None:
     STOPS.signal(compare_key(request))
 
 
-@gpu
+@gpu(runs=lambda a: len(bundle_for(a["preset"]).drafter_names) + 2)  # each drafter alone, the bandit, the target
 def compare_prompt(prompt: str, preset: str, policy: str, max_new_tokens: int,
                    progress=gr.Progress(), request: gr.Request = None):  # noqa: B008  (gradio injects a tracker per call)
     """One prompt under each drafter alone and under the bandit, side by side."""
@@ -110,7 +111,7 @@ def compare_prompt(prompt: str, preset: str, policy: str, max_new_tokens: int,
     return shown, grid, viz.speedup_bars(df.assign(category="this prompt"), colors)
 
 
-@gpu
+@gpu(duration=lambda *a, **k: MAX_S)  # many prompts: the most ZeroGPU grants (its cap ends a long set)
 def compare_set(source: str, upload: Any, per_category: int, preset: str, policy: str, max_new_tokens: int,
                 progress=gr.Progress(), request: gr.Request = None):  # noqa: B008  (gradio injects a tracker per call)
     """A prompt set: each drafter alone and the bandit on every prompt; acceptance heatmap and speed-up bars,

@@ -16,16 +16,24 @@ from typing import Any
 import torch
 
 from metasd.registry import load_plugins
+from metasd.spaces import duration_of
 
 try:  # ZeroGPU on Hugging Face Spaces: a GPU is attached only inside decorated calls.
     import spaces
 
-    def gpu(fn: Callable) -> Callable:
-        return spaces.GPU(duration=120)(fn)
+    def gpu(fn: Callable | None = None, *, runs: Callable[[dict[str, Any]], Any] | int = 1,
+            duration: Callable[..., int] | None = None) -> Any:
+        """Hold a ZeroGPU GPU while `fn` runs, for a time sized per request from its max_new_tokens and
+        preset (metasd/spaces.py; `runs`: generations per call), or by `duration` (the call's arguments ->
+        seconds). Off ZeroGPU `spaces.GPU` hands the function back unchanged."""
+        def wrap(f: Callable) -> Callable:
+            return spaces.GPU(duration=duration or duration_of(f, runs=runs))(f)
+        return wrap(fn) if fn is not None else wrap
 except ImportError:  # anywhere else: a no-op
 
-    def gpu(fn: Callable) -> Callable:
-        return fn
+    def gpu(fn: Callable | None = None, *, runs: Callable[[dict[str, Any]], Any] | int = 1,
+            duration: Callable[..., int] | None = None) -> Any:
+        return fn if fn is not None else (lambda f: f)
 
 
 # Operator plugins (metasd.registry): modules named by whoever runs the server, never by the page. Their

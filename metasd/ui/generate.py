@@ -12,10 +12,12 @@ from typing import Any
 import gradio as gr
 
 from metasd import viz
-from metasd.engine import generate
+from metasd.engine import encode_prompt, generate
 from metasd.models import Bundle
+from metasd.numerics import first_divergence
 from metasd.policies import POLICIES, single_method
 from metasd.presets import DEFAULT_PRESET, PRESETS
+from metasd.spaces import gpu_duration
 from metasd.streaming import EngineStream
 from metasd.ui.bundles import MODEL, available_presets, bundle_for, default_preset, drafters_of, get_bundle, measure_target
 from metasd.ui.config import (
@@ -158,7 +160,15 @@ def stop_generation(request: gr.Request = None) -> None:
     STOPS.signal(session_key(request))
 
 
-@gpu
+def _baseline_duration(record: RunRecord | None = None, *args: Any, **kwargs: Any) -> int:
+    """ZeroGPU seconds for timing the target alone: one generation of the run's length."""
+    try:
+        return gpu_duration(record.rounds[-1].new_tokens, record.preset)
+    except Exception:  # sizing never fails a request
+        return gpu_duration(None)
+
+
+@gpu(duration=_baseline_duration)
 def measure_baseline(record: RunRecord | None, baselines: dict | None, auto: bool = True, forced: bool = False):
     """The target alone on the same prompt and token count, timed in this session (cached per prompt)."""
     baselines = dict(baselines or {})
@@ -176,15 +186,23 @@ def measure_baseline(record: RunRecord | None, baselines: dict | None, auto: boo
         ours = [t for ev in rounds for t in ev.emitted]
         note = f"Target alone measured on this prompt in this session: {len(out)} tokens in {secs:.2f} s."
         if record.settings["temperature"] == 0:
-            same = out[: len(ours)] == ours
-            note += (" Output identical to the target's own greedy decoding \u2713" if same else
-                     " Output differs from the target's greedy decoding (check for tied logits).")
+            note += " " + identity_note(bundle, record.prompt, ours, out)
         baselines[key] = {"tokens_per_s": len(out) / secs if secs > 0 else 0.0, "note": note}
     view = viz.LiveView(viz.drafter_colors(record.all_drafters), record.drafters)
     for ev in [*rounds, record.summary]:
         if ev is not None:
             view.add(ev, 0.0)
     return stats(view, record, baselines), baselines
+
+
+def identity_note(bundle: Bundle, prompt: str, ours: list[int], reference: list[int]) -> str:
+    """Greedy runs: whether the output is the target's own greedy decoding, and if not, where the two
+    part and why (in bf16/fp16 a near-tie that batched verification rounds the other way)."""
+    with MODEL.hold():
+        d = first_divergence(bundle, encode_prompt(bundle, prompt, True), ours, reference)
+    if d is None:
+        return "Output identical to the target's own greedy decoding \u2713"
+    return f"Output differs from the target's greedy decoding: {d.explain(bundle.tokenizer)}."
 
 
 def policy_choices(drafters: list[str]) -> list[str]:
