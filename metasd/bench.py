@@ -517,7 +517,7 @@ def cmd_bench(a: argparse.Namespace) -> int:
     # Fail fast on the preset's declared drafters (model-free kinds aside, every drafter is a model);
     # the loaded bundle decides in the end (a preset may leave out a drafter whose weights are missing).
     preset = PRESETS[a.preset]
-    free = ("prompt-lookup", "token-recycling")
+    free = ("prompt-lookup", "token-recycling", "retrieval")
     parse_methods(a.methods, preset.drafter_names, [d.name for d in preset.drafters if d.kind not in free], a.reward)
     if a.threads is not None:
         if a.threads < 1:

@@ -98,8 +98,8 @@ def cmd_generate(a: argparse.Namespace) -> int:
 
 
 # The kind each built-in drafter kind is reported as (`drafters --json`).
-_KIND = {"prompt-lookup": "model-free", "token-recycling": "model-free", "layer-skip": "self", "model": "model",
-         "distilled": "distilled", "white-box": "white-box"}
+_KIND = {"prompt-lookup": "model-free", "token-recycling": "model-free", "retrieval": "model-free",
+         "layer-skip": "self", "model": "model", "distilled": "distilled", "white-box": "white-box"}
 
 
 def _drafters_args(sub: argparse._SubParsersAction) -> None:

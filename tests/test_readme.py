@@ -218,7 +218,7 @@ def test_readme_presets_and_methods_are_real():
         assert (name[0] or name[1]) in PRESETS, name
 
     offline = PRESETS["offline"]
-    models = [d.name for d in offline.drafters if d.kind not in ("prompt-lookup", "token-recycling")]
+    models = [d.name for d in offline.drafters if d.kind not in ("prompt-lookup", "token-recycling", "retrieval")]
     for cmd in commands_of(("metasd", "bench")):
         m = re.search(r"--methods (\S+)", cmd)
         if m and "," in m.group(1) and "m1" not in m.group(1):
