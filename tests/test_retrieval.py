@@ -304,10 +304,11 @@ def test_datastore_prompts_leave_out_the_benchmark():
 LOSSLESS_PROMPTS = ["Summarize in one sentence: The city council met on Tuesday to discuss the new park. "
                     "Residents asked for more trees, a playground and benches. The council approved the plan.",
                     "Write a Python function that returns the factorial of n."]
-MAX_NEW = 32
+MAX_NEW = 24
 
 
 @pytest.mark.offline_model
+@pytest.mark.usefixtures("one_torch_thread")  # short runs: a second thread only contends on a shared CPU
 def test_greedy_output_is_the_targets_with_the_retrieval_drafter(offline):
     refs = [target_greedy(offline, encode_prompt(offline, p, True), MAX_NEW) for p in LOSSLESS_PROMPTS]
     # A datastore that knows these answers, each corrupted every 6th token: long drafts, and rejections.
@@ -330,6 +331,7 @@ def test_greedy_output_is_the_targets_with_the_retrieval_drafter(offline):
 
 
 @pytest.mark.offline_model
+@pytest.mark.usefixtures("one_torch_thread")
 def test_the_shipped_datastore_serves_the_offline_target(offline):
     ds = datastore_for(offline)
     if ds is None:
@@ -345,7 +347,7 @@ def test_the_shipped_datastore_serves_the_offline_target(offline):
         _, s = run(offline, prompt, policy="single:retrieval", max_new_tokens=MAX_NEW)
         assert list(s.token_ids) == ref
         _, s = run(offline, prompt, policy="metasd-ucb", drafters=["prompt-lookup", "retrieval"],
-                   max_new_tokens=MAX_NEW, temperature=0.8, seed=3)  # sampling runs too (deterministic drafter)
+                   max_new_tokens=12, temperature=0.8, seed=3)  # sampling runs too (deterministic drafter)
         assert s.new_tokens > 0
     finally:
         unregister_drafter("retrieval")
