@@ -441,9 +441,17 @@ def referenced_paths() -> set[str]:
         if "/" in span or re.fullmatch(r"[\w.-]+\.(py|md|txt|sh|toml|json|css)|Spacefile|Makefile", span):
             paths.add(span)
     tree = next(body for lang, body in fenced_blocks(text) if body.startswith("metasd/"))
+    parents = ["metasd/"]  # the folder at each depth (two spaces a level)
     for line in tree.splitlines()[1:]:
         name = line.split()[0]
-        paths.add(name if line[:1] != " " else f"metasd/{name}")
+        if not re.fullmatch(r"[\w.-]+(\.\w+|/)", name):
+            continue  # a description carried over from the line above
+        depth = (len(line) - len(line.lstrip(" "))) // 2
+        path = "".join(parents[:depth]) + name
+        paths.add(path)
+        if name.endswith("/"):
+            del parents[depth:]
+            parents.append(name)
     return paths
 
 
