@@ -97,38 +97,58 @@ def cmd_generate(a: argparse.Namespace) -> int:
     return 0
 
 
-# The kind each built-in drafter kind is reported as (`drafters --json`).
-_KIND = {"prompt-lookup": "model-free", "token-recycling": "model-free", "retrieval": "model-free",
-         "layer-skip": "self", "model": "model", "distilled": "distilled", "white-box": "white-box"}
-
-
 def _drafters_args(sub: argparse._SubParsersAction) -> None:
     d = sub.add_parser("drafters", help="list every drafter of a preset (and the registered ones)")
     d.add_argument("--preset", default=DEFAULT_PRESET, help=f"one of {', '.join(PRESETS)}")
-    d.add_argument("--json", action="store_true", help="print a JSON list of {name, kind, description, ...}")
+    d.add_argument("--json", action="store_true", help="print a JSON list of {name, kind, description, parameters, "
+                   "file_bytes, cost, ...}")
+    d.add_argument("--measure", action="store_true",
+                   help="load the preset and measure each drafter's cost c on this machine (a minute or two)")
+    d.add_argument("--save", action="store_true", help="with --measure: record the costs in assets/drafters/costs.json")
+
+
+def _size(n: int | None) -> str:
+    if n is None:
+        return "?"
+    return "-" if n == 0 else (f"{n / 1e6:.1f} MB" if n >= 1e5 else f"{n / 1e3:.0f} kB")
 
 
 def cmd_drafters(a: argparse.Namespace) -> int:
-    """The preset's drafters from its spec (no model is loaded), then the registered ones."""
+    """The preset's drafters from its spec and weight files (no model is loaded unless --measure), then the
+    registered ones."""
+    from metasd.catalog import describe, measure_costs, save_costs
     from metasd.registry import registered
     from metasd.validation import InvalidInput
 
     if a.preset not in PRESETS:
         raise InvalidInput(f"unknown preset {a.preset!r}; choose one of {', '.join(PRESETS)}")
     preset = PRESETS[a.preset]
-    rows = [{"name": s.name, "kind": _KIND.get(s.kind, s.kind), "description": s.description,
-             "default_arm": s.name in preset.bandit_drafters or not preset.bandit_drafters, "source": "preset"}
-            for s in preset.drafters]
+    costs = None
+    if a.measure:
+        from metasd.models import load_bundle
+
+        bundle = load_bundle(preset)
+        costs, detail = measure_costs(bundle, list(bundle.specs), progress=lambda m: print(m, file=sys.stderr))
+        if a.save:
+            save_costs(preset.name, costs, detail)
+    rows = describe(preset, costs)
     rows += [{"name": r.name, "kind": r.kind, "description": r.description, "default_arm": False,
-              "source": f"plugin {r.module}"} for r in registered().values() if r.name not in {x["name"] for x in rows}]
+              "source": f"plugin {r.module}", "parameters": None, "file_bytes": None, "cost": None}
+             for r in registered().values() if r.name not in {x["name"] for x in rows}]
     if a.json:
         print(json.dumps(rows, ensure_ascii=False))
-    else:
-        width = max(len(r["name"]) for r in rows)
-        for r in rows:
-            star = "*" if r["default_arm"] else " "
-            print(f"{star} {r['name']:{width}s}  {r['kind']:10s}  {r['description']}")
-        print("\n* a default arm of the bandit")
+        return 0
+    width = max(len(r["name"]) for r in rows)
+    print(f"  {'name':{width}s}  {'kind':10s}  {'params':>7s}  {'file':>8s}  {'c':>6s}  description")
+    for r in rows:
+        star = "*" if r["default_arm"] else " "
+        params = "-" if r["parameters"] == 0 else ("?" if r["parameters"] is None else f"{r['parameters'] / 1e6:.1f}M")
+        cost = f"{r['cost']:.3f}" if r["cost"] is not None else "?"
+        print(f"{star} {r['name']:{width}s}  {r['kind']:10s}  {params:>7s}  {_size(r['file_bytes']):>8s}  {cost:>6s}  "
+              f"{r['description']}")
+    print("\n* a default arm of the bandit; params: the drafter's own (shared target weights not counted); "
+          "c: drafting time per token / one target step, measured on this machine "
+          "(`drafters --measure`; recorded in assets/drafters/costs.json)")
     return 0
 
 

@@ -68,6 +68,16 @@ class Drafter(ABC):
         """The target's predictions at prefill: row j of `logits` follows prompt token inputs[j]
         (only the user's own tokens, at most `seed_rows` of them, never the template's scaffolding)."""
 
+    # The target's hidden states this drafter reads (indices into its `hidden_states`: 0 the embeddings,
+    # L the final normed state). White-box drafters (metasd/whitebox.py) ask; the engine then has every
+    # target pass return them and hands over the rows it keeps.
+    feature_layers: tuple[int, ...] = ()
+
+    def take_features(self, start: int, hidden: tuple[torch.Tensor, ...], rows: int) -> None:  # noqa: B027
+        """The target's hidden states at positions start .. start + rows - 1 (row j of each [1, n, d]
+        tensor of `hidden` is position start + j): after prefill, and after each verification for the
+        positions it kept. Positions from `start` on replace whatever the drafter held there."""
+
     def attach(self, target_cache: DynamicCache, ids: list[int]) -> None:  # noqa: B027 (optional hook)
         """Called before the drafter drafts or predicts, with the target's live cache (which holds
         ids[:-1]). A drafter that shares layers with the target takes their keys and values here."""
@@ -237,6 +247,28 @@ def fit_vocab(logits: torch.Tensor, target_vocab: int, tokenizer_vocab: int) -> 
     return logits
 
 
+def draft_chain(logits: torch.Tensor, k: int, s: Sampling, generator: torch.Generator | None, min_confidence: float,
+                advance) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+    """Draft up to k tokens from a model's logits, one at a time: `advance(token, i)` feeds token i and
+    returns the logits after it (never called for the last one: nothing needs its logits). Stops early
+    when the drafter's own top probability falls below `min_confidence` (after the first token): unlikely
+    tokens are rarely accepted and each costs a drafter step. Returns the tokens and, when sampling, their q rows."""
+    tokens: list[torch.Tensor] = []
+    qs: list[torch.Tensor] = []
+    for i in range(k):
+        x, q = sample_or_argmax(logits, s, generator)
+        if i > 0 and min_confidence > 0:
+            top = q.max() if q is not None else torch.softmax(logits.float(), -1).max()
+            if float(top) < min_confidence:
+                break
+        tokens.append(x)
+        if q is not None:
+            qs.append(q)
+        if i < k - 1:
+            logits = advance(x, i)
+    return tokens, qs
+
+
 class ModelDrafter(Drafter):
     """Any causal LM that shares the target's tokenizer, with its own KV cache.
 
@@ -270,6 +302,16 @@ class ModelDrafter(Drafter):
         self.cache = DynamicCache(config=self.model.config)
         self.cached: list[int] = []  # the token ids whose keys/values are in self.cache
         self.offset = 0  # ...which are ids[offset : offset + len(cached)] (0 unless windowed)
+
+    # The target's hidden states this drafter reads (indices into its `hidden_states`: 0 the embeddings,
+    # L the final normed state). White-box drafters (metasd/whitebox.py) ask; the engine then has every
+    # target pass return them and hands over the rows it keeps.
+    feature_layers: tuple[int, ...] = ()
+
+    def take_features(self, start: int, hidden: tuple[torch.Tensor, ...], rows: int) -> None:  # noqa: B027
+        """The target's hidden states at positions start .. start + rows - 1 (row j of each [1, n, d]
+        tensor of `hidden` is position start + j): after prefill, and after each verification for the
+        positions it kept. Positions from `start` on replace whatever the drafter held there."""
 
     def attach(self, target_cache: DynamicCache, ids: list[int]) -> None:
         if self.shared_layers:
@@ -333,19 +375,12 @@ class ModelDrafter(Drafter):
         if k <= 0:
             return Draft([], None)
         logits = self._sync(ids, len(ids), len(ids) - 1, keep=1)[-1]
-        tokens, qs = [], []
-        for i in range(k):
-            x, q = sample_or_argmax(logits, s, generator)
-            if i > 0 and self.min_confidence > 0:
-                top = q.max() if q is not None else torch.softmax(logits.float(), -1).max()
-                if float(top) < self.min_confidence:
-                    break
-            tokens.append(x)
-            if q is not None:
-                qs.append(q)
-            if i < k - 1:  # the last drafted token is never fed: nothing needs its logits
-                logits = self._forward(x.view(1))[-1]
-                self.cached.append(-1)  # filled in below, after one host sync for the whole draft
+
+        def advance(x: torch.Tensor, i: int) -> torch.Tensor:
+            self.cached.append(-1)  # filled in below, after one host sync for the whole draft
+            return self._forward(x.view(1))[-1]
+
+        tokens, qs = draft_chain(logits, k, s, generator, self.min_confidence, advance)
         toks = torch.stack(tokens).tolist()
         fed = len(toks) if len(toks) < k else k - 1
         self.cached[len(self.cached) - fed :] = toks[:fed]

@@ -200,6 +200,8 @@ class Request:
         self.s = Sampling(st.temperature, st.top_p, st.top_k)
         self.names = list(st.drafters)
         self.arms = bundle.make_drafters(self.names)
+        # White-box arms read the target's hidden states: only then does every target pass return them.
+        self.readers = [d for d in self.arms if d.feature_layers]
         self.verify_cost = VerifyCost(st.gamma)  # the throughput reward's and the plan's yardstick
         # Rounds the request will take if each emits ~2 tokens: sequential halving's horizon.
         self.policy = make_policy(st.policy, self.names, seed=st.seed, horizon=max(8, st.max_new_tokens // 2),
@@ -254,7 +256,9 @@ class Request:
         want = max((d.seed_rows for d in self.arms), default=0)
         keep = min(len(ids) - 1, want) if want else 1
         out = self.bundle.target(input_ids=torch.tensor([ids[:-1]], device=self.dev), past_key_values=self.cache,
-                                 use_cache=True, logits_to_keep=keep)
+                                 use_cache=True, logits_to_keep=keep, output_hidden_states=bool(self.readers))
+        for d in self.readers:
+            d.take_features(0, out.hidden_states, len(ids) - 1)
         first = len(ids) - 1 - keep
         rows = [j for j in range(keep) if first + j not in scaffold]
         for d in self.arms:
@@ -311,11 +315,14 @@ class Request:
         r.start = len(self.ids)
         r.inputs = [self.ids[-1]] + r.tokens
         pos = torch.arange(r.start - 1, r.start + len(r.tokens), device=self.dev).view(1, -1)
-        r.logits = self.bundle.target(input_ids=torch.tensor([r.inputs], device=self.dev), position_ids=pos,
-                                      past_key_values=self.cache, use_cache=True).logits[0]
+        out = self.bundle.target(input_ids=torch.tensor([r.inputs], device=self.dev), position_ids=pos,
+                                 past_key_values=self.cache, use_cache=True, output_hidden_states=bool(self.readers))
+        r.logits = out.logits[0]
         r.verdict = verify(r.logits, torch.tensor(r.tokens, dtype=torch.long, device=self.dev), r.q, self.s,
                            self.g_target)
         crop_to(self.cache, r.start + r.verdict.accepted)
+        for d in self.readers:  # the kept positions: the last id and the accepted draft
+            d.take_features(r.start - 1, out.hidden_states, r.verdict.accepted + 1)
 
     def accept(self, r: Round, clock: Clock) -> None:
         """Append what was kept (the accepted draft and the target's token, up to an end-of-sequence

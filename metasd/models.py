@@ -139,7 +139,7 @@ class Bundle:
     target: PreTrainedModel
     tokenizer: PreTrainedTokenizerBase | None  # None only for tiny test models (ids in, ids out)
     specs: dict[str, DrafterSpec]
-    models: dict[str, PreTrainedModel] = field(default_factory=dict)  # drafter name -> model
+    models: dict[str, torch.nn.Module] = field(default_factory=dict)  # drafter name -> model (or white-box head)
     tokenizer_vocab: int = 0
 
     def __post_init__(self) -> None:
@@ -195,6 +195,11 @@ class Bundle:
                 out.append(TokenRecycling(name, vocab_size=self.target_vocab))
             elif spec.kind == "retrieval":
                 out.append(make_retrieval(self, name))
+            elif spec.kind == "white-box":
+                from metasd.whitebox import WhiteBoxDrafter
+
+                out.append(WhiteBoxDrafter(name, self.models[name], self.target_vocab, self.tokenizer_vocab,
+                                           window=spec.window))
             elif spec.kind == "layer-skip":
                 out.append(LayerSkipDrafter(name, self.models[name], list(spec.layers), self.target_vocab,
                                             self.tokenizer_vocab))
@@ -316,8 +321,8 @@ def load_distilled(path: str | Path, target: PreTrainedModel, device: torch.devi
 
 
 def build_drafter_models(target: PreTrainedModel, specs: list[DrafterSpec], device: torch.device,
-                         dtype: torch.dtype, progress: Progress = _stderr) -> dict[str, PreTrainedModel]:
-    models: dict[str, PreTrainedModel] = {}
+                         dtype: torch.dtype, progress: Progress = _stderr) -> dict[str, torch.nn.Module]:
+    models: dict[str, torch.nn.Module] = {}
     loaded: dict[str, PreTrainedModel] = {}
     for spec in specs:
         if spec.kind == "layer-skip":
@@ -328,12 +333,17 @@ def build_drafter_models(target: PreTrainedModel, specs: list[DrafterSpec], devi
                 progress(f"[metasd] loading drafter {spec.name} ({spec.model_id}) ...")
                 loaded[spec.model_id] = load_causal_lm(spec.model_id, device, dtype)
             models[spec.name] = loaded[spec.model_id]
-        elif spec.kind == "distilled":
+        elif spec.kind in ("distilled", "white-box"):
             path = distilled_path(spec)
             if not path.exists():
                 progress(f"[metasd] drafter {spec.name}: {path} is missing; leaving it out")
                 continue
-            models[spec.name] = load_distilled(path, target, device, dtype)
+            if spec.kind == "white-box":
+                from metasd.whitebox import load_head
+
+                models[spec.name] = load_head(path, target, device, dtype)
+            else:
+                models[spec.name] = load_distilled(path, target, device, dtype)
     return models
 
 
@@ -361,6 +371,6 @@ def load_bundle(preset: str | Preset = "offline", device: str | None = None, dty
     tokenizer = AutoTokenizer.from_pretrained(source)
     models = build_drafter_models(target, list(p.drafters), dev, dt, progress)
     progress(f"[metasd] preset {p.name!r} ready in {time.perf_counter() - t0:.1f} s")
-    # A distilled drafter whose weights file is absent is left out rather than failing the preset.
-    specs = {d.name: d for d in p.drafters if d.kind != "distilled" or d.name in models}
+    # A trained drafter whose weights file is absent is left out rather than failing the preset.
+    specs = {d.name: d for d in p.drafters if d.kind not in ("distilled", "white-box") or d.name in models}
     return Bundle(p, target, tokenizer, specs, models)

@@ -16,11 +16,11 @@ OFFLINE_TARGET = "HuggingFaceTB/SmolLM2-135M-Instruct"  # shipped offline by the
 @dataclass(frozen=True)
 class DrafterSpec:
     name: str
-    kind: str  # "prompt-lookup" | "token-recycling" | "retrieval" | "layer-skip" | "model" | "distilled"
+    kind: str  # "prompt-lookup" | "token-recycling" | "retrieval" | "layer-skip" | "model" | "distilled" | "white-box"
     description: str
     model_id: str | None = None  # for kind "model": a hub id sharing the target's tokenizer
     layers: tuple[int, ...] = ()  # for kind "layer-skip": the target's decoder layers it keeps
-    # For kind "distilled": the drafter's own layers (safetensors, relative to the repository);
+    # For kinds "distilled" and "white-box": the drafter's own weights (safetensors, relative to the repository);
     # None means assets/drafters/<name>.safetensors. It shares the target's embedding and head.
     weights: str | None = None
     # Model drafters: the most context tokens one reads at once (first pull, long catch-up); 0: all.
@@ -78,6 +78,19 @@ DISTILLED_DRAFTERS = (
                 window=DISTILLED_WINDOW),
 )
 
+# White-box heads (metasd/whitebox.py, the paper's MetaEAGLE arms): one decoder layer reading the target's
+# hidden states at three depths, trained per domain (python -m metasd.train --kind white-box); weights in
+# assets/drafters/<name>.safetensors with a model card beside each. A cold start reads the last 128 positions.
+WHITE_BOX_WINDOW = 128
+WHITE_BOX_DRAFTERS = (
+    DrafterSpec("code-eagle", "white-box", "EAGLE-style head on the target's hidden states, trained on its answers "
+                "to code prompts", window=WHITE_BOX_WINDOW),
+    DrafterSpec("math-eagle", "white-box", "EAGLE-style head on the target's hidden states, trained on its answers "
+                "to math word problems", window=WHITE_BOX_WINDOW),
+    DrafterSpec("chat-eagle", "white-box", "EAGLE-style head on the target's hidden states, trained on its answers "
+                "to chat and QA prompts", window=WHITE_BOX_WINDOW),
+)
+
 PRESETS: dict[str, Preset] = {
     p.name: p
     for p in (
@@ -95,6 +108,7 @@ PRESETS: dict[str, Preset] = {
                     layers=tuple(range(20)),
                 ),
                 *DISTILLED_DRAFTERS,
+                *WHITE_BOX_DRAFTERS,
             ),
             tags=("cpu", "offline"),
             # layer-skip costs ~0.85 of a target step per drafted token on this CPU and passes

@@ -30,6 +30,7 @@ import math
 import random
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -228,6 +229,44 @@ def agreement(drafter: PreTrainedModel, examples: list[Example], batch_size: int
     return tot_loss / max(n, 1), tot_agree / max(n, 1)
 
 
+def fit(params: list[torch.nn.Parameter], batch_loss: Callable[[], tuple[torch.Tensor, torch.Tensor]], steps: int,
+        lr: float, warmup: int = 20, budget_s: float = 0.0, desc: str = "train") -> dict:
+    """AdamW over `params` for `steps` steps (or until `budget_s` seconds have passed, where given), with a
+    linear warm-up then a cosine down to a tenth of `lr`; `batch_loss()` draws a batch and returns its loss
+    and per-label top-1 agreement. Returns the run's record (steps done, time, first/final loss, agreement)."""
+    opt = torch.optim.AdamW(params, lr=lr, betas=(0.9, 0.95), weight_decay=0.0)
+
+    def lr_at(step: int) -> float:
+        if step < warmup:
+            return lr * (step + 1) / warmup
+        t = (step - warmup) / max(1, steps - warmup)
+        return lr * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * t)))
+
+    history: list[tuple[float, float]] = []
+    t0 = time.perf_counter()
+    bar = tqdm(range(steps), desc=desc, unit="step", dynamic_ncols=True, file=sys.stderr)
+    for step in bar:
+        if budget_s and time.perf_counter() - t0 > budget_s:
+            break
+        for g in opt.param_groups:
+            g["lr"] = lr_at(step)
+        loss, agree = batch_loss()
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(params, 1.0)
+        opt.step()
+        history.append((loss.item(), agree.mean().item() if agree.numel() else 0.0))
+        recent = history[-20:]
+        bar.set_postfix(loss=f"{sum(x for x, _ in recent) / len(recent):.3f}",
+                        agree=f"{sum(a for _, a in recent) / len(recent):.3f}")
+    bar.close()
+    tail = history[-max(1, min(50, len(history) // 5)) :]
+    return {"steps": len(history), "train_seconds": round(time.perf_counter() - t0, 1),
+            "first_loss": round(history[0][0], 4) if history else None,
+            "final_loss": round(sum(x for x, _ in tail) / len(tail), 4) if tail else None,
+            "final_train_agreement": round(sum(a for _, a in tail) / len(tail), 4) if tail else None}
+
+
 def train(drafter: PreTrainedModel, examples: list[Example], steps: int, batch_size: int = 8, lr: float = 1e-3,
           warmup: int = 20, max_len: int = 512, seed: int = 0, desc: str = "distil") -> dict:
     """AdamW on the drafter's own weights only; the shared embedding and head stay frozen."""
@@ -236,38 +275,12 @@ def train(drafter: PreTrainedModel, examples: list[Example], steps: int, batch_s
     shared = {id(drafter.get_input_embeddings().weight), id(drafter.get_output_embeddings().weight)}
     for n, p in drafter.named_parameters():
         p.requires_grad_(id(p) not in shared and n.startswith(("model.layers.", "model.norm.")))
-    opt = torch.optim.AdamW(params, lr=lr, betas=(0.9, 0.95), weight_decay=0.0)
-
-    def lr_at(step: int) -> float:  # linear warm-up, then cosine down to a tenth
-        if step < warmup:
-            return lr * (step + 1) / warmup
-        t = (step - warmup) / max(1, steps - warmup)
-        return lr * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * t)))
-
     rng = random.Random(seed)
     drafter.train()
-    history: list[tuple[float, float]] = []
-    t0 = time.perf_counter()
-    bar = tqdm(range(steps), desc=desc, unit="step", dynamic_ncols=True, file=sys.stderr)
-    for step in bar:
-        for g in opt.param_groups:
-            g["lr"] = lr_at(step)
-        loss, agree = distill_loss(drafter, rng.sample(examples, min(batch_size, len(examples))), max_len)
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(params, 1.0)
-        opt.step()
-        history.append((loss.item(), agree.mean().item()))
-        recent = history[-20:]
-        bar.set_postfix(loss=f"{sum(x for x, _ in recent) / len(recent):.3f}",
-                        agree=f"{sum(a for _, a in recent) / len(recent):.3f}")
+    stats = fit(params, lambda: distill_loss(drafter, rng.sample(examples, min(batch_size, len(examples))), max_len),
+                steps, lr, warmup, desc=desc)
     drafter.eval().requires_grad_(False)
-    tail = history[-max(1, min(50, steps // 5)) :]
-    return {"steps": steps, "batch_size": batch_size, "lr": lr, "max_len": max_len,
-            "train_seconds": round(time.perf_counter() - t0, 1),
-            "first_loss": round(history[0][0], 4) if history else None,
-            "final_loss": round(sum(x for x, _ in tail) / len(tail), 4) if tail else None,
-            "final_train_agreement": round(sum(a for _, a in tail) / len(tail), 4) if tail else None}
+    return {**stats, "batch_size": batch_size, "lr": lr, "max_len": max_len}
 
 
 def save_drafter(drafter: PreTrainedModel, path: str | Path, info: dict) -> str:
@@ -401,8 +414,32 @@ def write_card(path: str | Path, eval_dir: str | Path | None = None) -> Path:
     return card
 
 
+def domain_data(a: argparse.Namespace, bundle, chunks: int) -> tuple[list[Example], list[Example], float]:
+    """The domain's training and held-out examples, from `--data-cache` where it exists (else generated,
+    and saved there). Returns (train, eval, seconds the target took to generate them)."""
+    target, tok = bundle.target, bundle.tokenizer
+    cache = Path(a.data_cache) if a.data_cache else None
+    if cache is not None and cache.exists():
+        data = torch.load(cache, weights_only=True)
+        train_ex, eval_ex = ([Example(**e) for e in data[k]] for k in ("train", "eval"))
+        return train_ex, eval_ex, data["seconds"]
+    t0 = time.perf_counter()
+    # Held-out prompts come from another seed, so they never appear in training.
+    train_ex = build_examples(target, tok, a.domain, a.prompts, a.max_new_tokens, a.seed, chunks, a.gen_batch, a.topk)
+    eval_ex = build_examples(target, tok, a.domain, a.eval_prompts, a.max_new_tokens, a.seed + 1000, 0,
+                             a.gen_batch, a.topk, exclude=a.prompts, exclude_seed=a.seed)
+    gen_s = time.perf_counter() - t0
+    if cache is not None:
+        cache.parent.mkdir(parents=True, exist_ok=True)
+        torch.save({"train": [vars(e) for e in train_ex], "eval": [vars(e) for e in eval_ex], "seconds": gen_s}, cache)
+    return train_ex, eval_ex, gen_s
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m metasd.train", description=__doc__.split("\n\n")[0])
+    ap.add_argument("--kind", choices=["distilled", "white-box"], default="distilled",
+                    help="distilled: a one-layer model on token ids; white-box: an EAGLE-style head on the "
+                         "target's hidden states (metasd/whitebox.py)")
     ap.add_argument("--domain", choices=["code", "math", "chat"])
     ap.add_argument("--out", help="where to write NAME.safetensors (its model card NAME.md goes beside it)")
     ap.add_argument("--card", help="only (re)write the model card of this drafter file")
@@ -423,6 +460,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--data-cache", default="", help="save/reuse the generated examples here (a .pt file)")
+    ap.add_argument("--unroll", type=int, default=3, help="white-box: training-time-test steps per position")
+    ap.add_argument("--budget-min", type=float, default=0.0,
+                    help="white-box: stop training after this many minutes (0: run every step)")
     a = ap.parse_args(argv)
     if a.card:
         print(write_card(a.card, a.eval_dir))
@@ -436,26 +476,16 @@ def main(argv: list[str] | None = None) -> int:
     torch.manual_seed(a.seed)
     t_start = time.perf_counter()
     bundle = load_bundle("offline", progress=lambda m: print(m, file=sys.stderr))
-    target, tok = bundle.target, bundle.tokenizer
+    target = bundle.target
     chunks = a.text_chunks if a.text_chunks >= 0 else (64 if a.domain == "code" else 0)
-    cache = Path(a.data_cache) if a.data_cache else None
-    if cache is not None and cache.exists():
-        data = torch.load(cache, weights_only=True)
-        train_ex, eval_ex = ([Example(**e) for e in data[k]] for k in ("train", "eval"))
-        gen_s = data["seconds"]
-    else:
-        t0 = time.perf_counter()
-        # Held-out prompts come from another seed, so they never appear in training.
-        train_ex = build_examples(target, tok, a.domain, a.prompts, a.max_new_tokens, a.seed, chunks, a.gen_batch, a.topk)
-        eval_ex = build_examples(target, tok, a.domain, a.eval_prompts, a.max_new_tokens, a.seed + 1000, 0,
-                                 a.gen_batch, a.topk, exclude=a.prompts, exclude_seed=a.seed)
-        gen_s = time.perf_counter() - t0
-        if cache is not None:
-            cache.parent.mkdir(parents=True, exist_ok=True)
-            torch.save({"train": [vars(e) for e in train_ex], "eval": [vars(e) for e in eval_ex], "seconds": gen_s}, cache)
+    train_ex, eval_ex, gen_s = domain_data(a, bundle, chunks)
     labels = sum(e.labels for e in train_ex)
     print(f"[train] {len(train_ex)} training sequences, {labels} labelled tokens ({gen_s:.0f} s of target time)",
           file=sys.stderr)
+    if a.kind == "white-box":
+        from metasd.train_whitebox import run_white_box
+
+        return run_white_box(a, bundle, train_ex, eval_ex, gen_s, chunks, t_start)
 
     vocab = draft_vocabulary(train_ex, a.draft_vocab, bundle.target_vocab) if a.draft_vocab > 0 else None
     drafter = make_drafter(target, a.layers, a.init_layer, vocab)

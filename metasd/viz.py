@@ -24,6 +24,7 @@ import plotly.graph_objects as go
 import plotly.io as pio
 from plotly.subplots import make_subplots
 
+from metasd.catalog import kind_by_name
 from metasd.events import RoundEvent, Summary
 from metasd.policies import single_drafter
 
@@ -95,9 +96,12 @@ def round_spans(ev: RoundEvent, colors: Mapping[str, str]) -> list[str]:
     out: list[str] = []
     n_acc = min(ev.accepted, len(ev.emitted))
 
+    kind = kind_by_name(ev.drafter)
+    who = f"{ev.drafter} ({kind})" if kind else ev.drafter
+
     def tip(j: int, verdict: str) -> str:
         p, q, a = _known(ev.p_draft, j), _known(ev.q_draft, j), _known(ev.accept_prob, j)
-        return _esc(f"{ev.drafter}, round {ev.round}, draft position {j + 1}: {verdict}\n"
+        return _esc(f"{who}, round {ev.round}, draft position {j + 1}: {verdict}\n"
                     f"p = {_fmt(p)}   q = {_fmt(q)}   accept prob = min(1, p/q) = {_fmt(a)}")
 
     for j in range(n_acc):
@@ -125,9 +129,14 @@ def round_spans(ev: RoundEvent, colors: Mapping[str, str]) -> list[str]:
 def legend_html(colors: Mapping[str, str], used: Iterable[str] | None = None) -> str:
     """Chips naming each drafter's colour and underline, plus the target's neutral style and a rejected sample."""
     names = list(colors) if used is None else [n for n in colors if n in set(used)]
-    chips = [f'<span class="chip" data-drafter="{_esc(n)}" title="tokens {_esc(n)} proposed and the target accepted">'
-             f'<span class="swatch acc u-{underline_of(colors, n)}" style="--c:{colors[n]}">abc</span>{_esc(n)}</span>'
-             for n in names]
+    chips = []
+    for n in names:
+        kind = kind_by_name(n)
+        label = f'<span class="kind">{_esc(kind)}</span>' if kind else ""
+        what = f" ({kind} drafter)" if kind else ""
+        chips.append(f'<span class="chip" data-drafter="{_esc(n)}" title="tokens {_esc(n)}{what} proposed and the target '
+                     f'accepted"><span class="swatch acc u-{underline_of(colors, n)}" style="--c:{colors[n]}">abc</span>'
+                     f'{_esc(n)}{label}</span>')
     chips.append('<span class="chip" title="tokens the target supplied itself"><span class="swatch tgt">abc</span>'
                  'target (correction / bonus)</span>')
     chips.append('<span class="chip" title="drafted tokens the target did not keep"><span class="swatch rej" '

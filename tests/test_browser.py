@@ -91,7 +91,10 @@ def test_page_streams_coloured_tokens_and_plots(page):
     names = app.get_bundle("offline").drafter_names
     expect(legend).to_have_count(len(names))
     assert legend.evaluate_all("els => els.map(e => e.dataset.drafter)") == names
-    assert [t.split()[-1] for t in legend.all_inner_texts()] == names
+    from metasd.catalog import kind_by_name
+
+    # each chip: a sample, the drafter's name and its kind (model-free, self, distilled, white-box, ...)
+    assert [t.split()[-2:] for t in legend.all_inner_texts()] == [[n, kind_by_name(n)] for n in names]
     looks = page.eval_on_selector_all(
         "#tokens .tok.acc", "els => els.map(e => { const s = getComputedStyle(e); "
         "return [e.dataset.drafter, s.backgroundColor, s.textDecorationLine, s.textDecorationStyle]; })")
@@ -103,7 +106,9 @@ def test_page_streams_coloured_tokens_and_plots(page):
     target_bg = page.eval_on_selector("#tokens .tok.tgt", "e => getComputedStyle(e).backgroundColor")
     assert target_bg in ("rgba(0, 0, 0, 0)", "transparent"), "target tokens are neutral"
     hover = page.eval_on_selector("#tokens .tok.acc", "e => e.title")
-    assert hover.split(",")[0] in names and "p = " in hover, "the drafter's name and p, q on hover"
+    who = hover.split(",")[0]
+    assert who.split(" (")[0] in names and "p = " in hover, "the drafter's name and p, q on hover"
+    assert who.endswith(f"({kind_by_name(who.split(' (')[0])})"), "... and its kind"
     if page.locator("#tokens .tok.rej").count():
         deco = page.eval_on_selector("#tokens .tok.rej", "e => getComputedStyle(e).textDecorationLine")
         assert "line-through" in deco

@@ -42,11 +42,14 @@ def perturbed(model: LlamaForCausalLM, noise: float, seed: int = 1, vocab: int |
 
 def tiny_bundle(vocab: int = 32, seed: int = 0, noise: float = 0.3, drafter_vocab: int | None = None,
                 tokenizer_vocab: int | None = None, scale: float = 1.0, tokenizer=None, layers: int = 2,
-                hidden: int = 32, draft_vocab: tuple[int, ...] | None = None, window: int = 0) -> Bundle:
+                hidden: int = 32, draft_vocab: tuple[int, ...] | None = None, window: int = 0,
+                white_box: tuple[int, ...] | bool = False, head_window: int = 0) -> Bundle:
     """A bundle with every drafter kind: prompt lookup, token recycling, layer skip and a model drafter.
 
     With `draft_vocab`, also "tiny-distilled": a one-layer drafter on the target's embedding and
     head restricted to those ids (a DraftHead, as the offline preset's distilled drafters have).
+    With `white_box`, also "tiny-eagle": an untrained white-box head (metasd/whitebox.py) on the target's
+    hidden states, its layer copied from the target's last one; a tuple of ids restricts its head to them.
     """
     target = tiny_llama(vocab, layers=layers, hidden=hidden, seed=seed, scale=scale)
     specs = [
@@ -62,6 +65,13 @@ def tiny_bundle(vocab: int = 32, seed: int = 0, noise: float = 0.3, drafter_voca
 
         specs.append(DrafterSpec("tiny-distilled", "distilled", "the target's first layer on a draft vocabulary"))
         models["tiny-distilled"] = make_drafter(target, 1, 0, torch.tensor(draft_vocab)).eval()
+    if white_box is not False:
+        from metasd.whitebox import HeadConfig, build_head
+
+        ids = torch.tensor(white_box) if isinstance(white_box, tuple) else None
+        specs.append(DrafterSpec("tiny-eagle", "white-box", "a white-box head on the target's features",
+                                 window=head_window))
+        models["tiny-eagle"] = build_head(target, HeadConfig.from_target(target.config), ids, init_layer=layers - 1).eval()
     preset = Preset("tiny", "tiny random models (tests)", "tiny", tuple(specs), gamma=4)
     return Bundle(preset, target, tokenizer, {s.name: s for s in specs}, models,
                   tokenizer_vocab=tokenizer_vocab or 0)

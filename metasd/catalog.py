@@ -1,0 +1,148 @@
+"""What `python -m metasd drafters` reports: each drafter's kind, size and measured cost c.
+
+Sizes come from the weight files' headers (no model is loaded); c = (drafting time per token) / (one
+target step) comes from `assets/drafters/costs.json`, which `drafters --measure --save` rewrites from
+runs of each drafter alone in the engine on this machine.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import statistics
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from metasd.presets import DrafterSpec, Preset
+
+# The kind each built-in drafter kind is reported as (registry.KINDS).
+KIND = {"prompt-lookup": "model-free", "token-recycling": "model-free", "retrieval": "model-free",
+        "layer-skip": "self", "model": "model", "distilled": "distilled", "white-box": "white-box"}
+COSTS_FILE = Path(__file__).resolve().parent.parent / "assets" / "drafters" / "costs.json"
+# Prompts the cost runs draft on (one per kind of text; never a page example or a Spec-Bench prompt).
+COST_PROMPTS = (
+    "Write a Python function that returns the n-th Fibonacci number iteratively.",
+    "A shop sells pens at 3 dollars each. How much do 7 pens cost? Explain step by step.",
+    "Give three tips for staying focused while studying.",
+)
+
+
+def kind_of(spec: DrafterSpec) -> str:
+    return KIND.get(spec.kind, spec.kind)
+
+
+def kind_by_name(name: str) -> str | None:
+    """A drafter's kind from its name: the presets' drafters, then the registered ones (None: unknown,
+    e.g. a name in a replayed run file from elsewhere)."""
+    from metasd.presets import PRESETS
+    from metasd.registry import registered
+
+    for p in PRESETS.values():
+        for s in p.drafters:
+            if s.name == name:
+                return kind_of(s)
+    reg = registered().get(name)
+    return reg.kind if reg is not None else None
+
+
+def weights_of(spec: DrafterSpec) -> Path | None:
+    """The file holding a drafter's own weights or data, where it has one in the repository."""
+    if spec.kind in ("distilled", "white-box"):
+        from metasd.models import distilled_path
+
+        return distilled_path(spec)
+    if spec.kind == "retrieval":
+        from metasd.retrieval import DATASTORE_DIR
+
+        return DATASTORE_DIR / "offline.npy"
+    return None
+
+
+def file_parameters(path: Path) -> int:
+    """Parameters stored in a safetensors file (the draft vocabulary's ids are not parameters)."""
+    from safetensors import safe_open
+
+    with safe_open(str(path), framework="pt") as f:
+        return sum(math.prod(f.get_slice(k).get_shape()) for k in f.keys() if k != "draft_vocab")  # noqa: SIM118
+
+
+def describe(preset: Preset, costs: dict[str, Any] | None = None) -> list[dict[str, Any]]:
+    """One row per drafter of the preset: name, kind, description, own parameters, file size, c."""
+    costs = load_costs(preset.name) if costs is None else costs
+    rows = []
+    for s in preset.drafters:
+        path = weights_of(s)
+        exists = path is not None and path.exists()
+        params: int | None = 0
+        if s.kind in ("distilled", "white-box"):
+            params = file_parameters(path) if exists else None
+        elif s.kind == "model":
+            params = None  # a hub model: counted when loaded (--measure)
+        rows.append({"name": s.name, "kind": kind_of(s), "description": s.description,
+                     "default_arm": s.name in preset.bandit_drafters or not preset.bandit_drafters,
+                     "source": "preset", "parameters": params,
+                     "file_bytes": path.stat().st_size if exists else (0 if path is None else None),
+                     "file": str(path.relative_to(COSTS_FILE.parent.parent.parent)) if exists else None,
+                     "cost": costs.get(s.name)})
+    return rows
+
+
+def load_costs(preset: str) -> dict[str, float]:
+    if not COSTS_FILE.exists():
+        return {}
+    data = json.loads(COSTS_FILE.read_text(encoding="utf-8"))
+    return {k: float(v) for k, v in data.get(preset, {}).get("c", {}).items()}
+
+
+def save_costs(preset: str, c: dict[str, float], detail: dict[str, Any]) -> None:
+    data = json.loads(COSTS_FILE.read_text(encoding="utf-8")) if COSTS_FILE.exists() else {}
+    data[preset] = {"c": {k: round(v, 4) for k, v in c.items()}, **detail}
+    COSTS_FILE.write_text(json.dumps(data, indent=1, sort_keys=True) + "\n", encoding="utf-8")
+
+
+@torch.inference_mode()
+def target_step_ms(bundle, ctx: int = 200, steps: int = 8) -> float:
+    """Median time of one single-token target step with `ctx` tokens in its cache."""
+    from transformers import DynamicCache
+
+    m = bundle.target
+    ids = torch.randint(0, bundle.tokenizer_vocab, (1, ctx + steps), device=bundle.device)
+    cache = DynamicCache(config=m.config)
+    m(input_ids=ids[:, :ctx], past_key_values=cache, use_cache=True, logits_to_keep=1)
+    times = []
+    for i in range(steps):
+        t0 = time.perf_counter()
+        m(input_ids=ids[:, ctx + i : ctx + i + 1], position_ids=torch.tensor([[ctx + i]], device=bundle.device),
+          past_key_values=cache, use_cache=True, logits_to_keep=1)
+        times.append(time.perf_counter() - t0)
+    return 1000 * statistics.median(times)
+
+
+def measure_costs(bundle, names: list[str], max_new_tokens: int = 48, progress=print) -> tuple[dict[str, float], dict]:
+    """c per drafter: its drafting time per drafted token, alone in the engine on COST_PROMPTS, over the
+    target's one-token step; the target is timed between drafters so that machine load hits both alike."""
+    from metasd.engine import run
+
+    c: dict[str, float] = {}
+    ms: dict[str, float] = {}
+    steps: list[float] = [target_step_ms(bundle)]
+    for name in names:
+        drafted = spent = 0.0
+        for p in COST_PROMPTS:
+            _, s = run(bundle, p, policy=f"single:{name}", drafters=[name], max_new_tokens=max_new_tokens,
+                       priors=False)
+            st = next(d for d in s.drafters if d.name == name)
+            drafted += st.drafted
+            spent += st.draft_s
+        steps.append(target_step_ms(bundle))
+        ms[name] = 1000 * spent / drafted if drafted else float("nan")
+        step = statistics.median(steps)
+        c[name] = ms[name] / step if drafted else float("nan")
+        progress(f"[metasd] {name}: {ms[name]:.2f} ms per drafted token, c = {c[name]:.3f}")
+    detail = {"target_step_ms": round(statistics.median(steps), 2), "drafter_ms": {k: round(v, 3) for k, v in ms.items()},
+              "method": f"each drafter alone in the engine on {len(COST_PROMPTS)} prompts, {max_new_tokens} tokens; "
+                        "target: median one-token step at 200 tokens of context", "threads": torch.get_num_threads()}
+    return {k: v for k, v in c.items() if math.isfinite(v)}, detail

@@ -1,0 +1,268 @@
+"""Training a white-box head (metasd/whitebox.py) on the target's own answers and hidden states, on a CPU.
+
+    python -m metasd.train --kind white-box --domain code --out assets/drafters/code-eagle.safetensors
+
+The data are the distilled drafters' (metasd/train.py: the target's greedy answers to templated prompts of
+the domain, with its top-k next-token log-probabilities at every answer token), plus the target's hidden
+states at the head's feature layers, from one teacher-forced pass over each sequence.
+
+Loss: soft cross-entropy to the target's top-k (renormalised over the draft vocabulary), summed over
+`unroll` steps of training-time test: step 1 reads the target's fused features; step s > 1 reads the head's
+own output state from step s - 1 at the previous position, and attends to the true-feature keys up to
+t - s + 1 and to its own steps' keys after that, which is exactly what drafting s tokens sees.
+Step s weighs 0.8^(s - 1) (EAGLE-3's choice), so the first position, which every round uses, counts most.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+import sys
+import time
+from dataclasses import dataclass
+
+import torch
+from tqdm import tqdm
+
+from metasd.train import Example
+from metasd.whitebox import WhiteBoxHead
+
+
+@dataclass
+class Sequence:
+    """One training sequence: ids, the target's features at every position, the labelled positions."""
+
+    ids: torch.Tensor  # [T] int64
+    feats: torch.Tensor  # [T, len(layers) * d] fp16
+    pos: torch.Tensor  # [n] head positions t: the head reads (feature t, token t + 1) and predicts token t + 2
+    top_ids: torch.Tensor  # [n, k] the target's top-k for that token
+    top_logp: torch.Tensor  # [n, k]
+
+
+@torch.inference_mode()
+def with_features(target, examples: list[Example], layers: tuple[int, ...], max_len: int = 512,
+                  batch_size: int = 8, desc: str = "target features") -> list[Sequence]:
+    """One teacher-forced target pass per sequence (batched, right-padded) for the features at `layers`."""
+    dev = next(target.parameters()).device
+    out: list[Sequence] = []
+    order = sorted(range(len(examples)), key=lambda i: len(examples[i].ids))
+    for b0 in tqdm(range(0, len(order), batch_size), desc=desc, unit="batch", dynamic_ncols=True, file=sys.stderr):
+        batch = [examples[i] for i in order[b0 : b0 + batch_size]]
+        seqs = [e.ids[:max_len] for e in batch]
+        width = max(len(s) for s in seqs)
+        inp = torch.zeros((len(seqs), width), dtype=torch.long)
+        for r, s in enumerate(seqs):
+            inp[r, : len(s)] = torch.tensor(s)
+        hs = target(input_ids=inp.to(dev), output_hidden_states=True).hidden_states
+        feats = torch.cat([hs[i] for i in layers], dim=-1).to(torch.float16).cpu()
+        for r, (e, s) in enumerate(zip(batch, seqs, strict=True)):
+            # Label row j is the target's prediction after ids[start + j]; the head reads it at t = start + j - 1.
+            j = torch.arange(e.labels)
+            t = e.start + j - 1
+            ok = (t >= 0) & (t + 2 < len(s))
+            out.append(Sequence(torch.tensor(s), feats[r, : len(s)].clone(), t[ok], e.top_ids[ok], e.top_logp[ok]))
+    return out
+
+
+def ttt_mask(T: int, s: int) -> torch.Tensor:
+    """Step s's attention mask over the keys of steps 1..s (each T long): query t sees step 1's keys at
+    u <= t - s + 1 and step j's key at t - s + j (j = 2..s). Step 1 is plain causal attention."""
+    t = torch.arange(T)[:, None]
+    u = torch.arange(T)[None, :]
+    parts = [u <= t - s + 1]
+    for j in range(2, s + 1):
+        parts.append(u == t - s + j)
+    return torch.cat(parts, dim=1)
+
+
+def batch_tensors(batch: list[Sequence], dev: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """Right-padded ids [B, T + 1] (one pad column: the last position's next token) and features [B, T, F]."""
+    T = max(len(x.ids) for x in batch)
+    ids = torch.zeros((len(batch), T + 1), dtype=torch.long, device=dev)
+    feats = torch.zeros((len(batch), T, batch[0].feats.shape[1]), device=dev)
+    for r, x in enumerate(batch):
+        ids[r, : len(x.ids)] = x.ids.to(dev)
+        feats[r, : len(x.ids)] = x.feats.to(dev, torch.float32)
+    return ids, feats
+
+
+def unrolled_states(head: WhiteBoxHead, ids: torch.Tensor, feats: torch.Tensor, unroll: int) -> list[torch.Tensor]:
+    """The head's output states [B, T, d] at every position for steps 1..unroll of training-time test.
+
+    Step 1 reads the target's fused features; step s reads step s - 1's output at the previous position in
+    place of the target's feature, and attends as drafting s tokens would (ttt_mask). Row t of step s is
+    what the head computes for token t + 2 when its (s - 1) previous drafted tokens were right.
+    """
+    B, T = feats.shape[:2]
+    pos = torch.arange(T, device=feats.device)[None].expand(B, T)
+    nxt = ids[:, 1 : T + 1]
+    g = head.fuse(feats)
+    L = head.layer
+    keys: list[torch.Tensor] = []
+    vals: list[torch.Tensor] = []
+    out: list[torch.Tensor] = []
+    for s in range(1, unroll + 1):
+        x = head.inputs(g, nxt)
+        q, k, v = L.self_attn.project(L.input_layernorm(x), pos)
+        keys.append(k)
+        vals.append(v)
+        h = x + L.self_attn.attend(q, torch.cat(keys, dim=2), torch.cat(vals, dim=2), ttt_mask(T, s).to(x.device))
+        a = L.ffn(h)
+        out.append(a)
+        g = torch.cat((torch.zeros_like(a[:, :1]), a[:, :-1]), dim=1)
+    return out
+
+
+def unrolled_loss(head: WhiteBoxHead, batch: list[Sequence], unroll: int) -> tuple[torch.Tensor, list[torch.Tensor]]:
+    """Weighted soft cross-entropy over `unroll` training-time-test steps; and each step's top-1 agreement
+    with the target per labelled position."""
+    from metasd.models import DraftHead
+
+    dev = next(head.parameters()).device
+    ids, feats = batch_tensors(batch, dev)
+    rows = torch.cat([torch.full((len(x.pos),), r) for r, x in enumerate(batch)]).to(dev)
+    cols = torch.cat([x.pos for x in batch]).to(dev)
+    tids = torch.cat([x.top_ids for x in batch]).to(dev)
+    tlps = torch.cat([x.top_logp for x in batch]).to(dev)
+    lm = head.lm_head
+    assert isinstance(lm, DraftHead), "white-box heads are trained on a draft vocabulary"
+    local = lm.local[tids]
+    p = torch.softmax(tlps.masked_fill(local < 0, float("-inf")), dim=-1).nan_to_num(0.0)
+    total = torch.zeros((), device=dev)
+    agree: list[torch.Tensor] = []
+    for s, a in enumerate(unrolled_states(head, ids, feats, unroll), start=1):
+        valid = cols >= s - 1  # step s at position t needs the head's steps at t - s + 1 .. t - 1
+        logq = torch.log_softmax(lm.reduced(head.norm(a[rows, cols])).float(), dim=-1)
+        ce = -(p * logq.gather(1, local.clamp(min=0))).sum(-1)
+        total = total + (0.8 ** (s - 1)) * (ce * valid).sum() / valid.sum().clamp(min=1)
+        agree.append((lm.ids[logq.argmax(-1)] == tids[:, 0])[valid].float())
+    return total, agree
+
+
+@torch.no_grad()
+def evaluate(head: WhiteBoxHead, data: list[Sequence], unroll: int, batch_size: int = 8) -> dict:
+    """Held-out loss and each step's top-1 agreement with the target (step 1 = first-position acceptance)."""
+    was = head.training
+    head.eval()
+    loss = 0.0
+    hits = [0.0] * unroll
+    counts = [0] * unroll
+    for b0 in range(0, len(data), batch_size):
+        part = data[b0 : b0 + batch_size]
+        lo, ag = unrolled_loss(head, part, unroll)
+        loss += lo.item() * len(part)
+        for s, a in enumerate(ag):
+            hits[s] += a.sum().item()
+            counts[s] += a.numel()
+    head.train(was)
+    return {"loss": round(loss / max(1, len(data)), 4),
+            "agreement": [round(h / max(1, c), 4) for h, c in zip(hits, counts, strict=True)]}
+
+
+def train_head(head: WhiteBoxHead, data: list[Sequence], steps: int, unroll: int = 3, batch_size: int = 8,
+               lr: float = 1e-3, warmup: int = 30, seed: int = 0, budget_s: float = 0.0, desc: str = "white-box") -> dict:
+    """AdamW on the head's own weights (fuse, fc, layer, norm); stops at `steps` or after `budget_s` seconds.
+    The agreement it reports is step 1's (the first draft position)."""
+    from metasd.train import fit
+
+    params = list(head.parameters())  # the shared embedding and LM head are held, not registered
+    for p in params:
+        p.requires_grad_(True)
+    rng = random.Random(seed)
+    head.train()
+
+    def batch_loss() -> tuple[torch.Tensor, torch.Tensor]:
+        loss, agree = unrolled_loss(head, rng.sample(data, min(batch_size, len(data))), unroll)
+        return loss, agree[0]
+
+    stats = fit(params, batch_loss, steps, lr, warmup, budget_s, desc)
+    head.eval().requires_grad_(False)
+    return {**stats, "planned_steps": steps, "unroll": unroll, "batch_size": batch_size, "lr": lr}
+
+
+def run_white_box(a, bundle, train_ex: list[Example], eval_ex: list[Example], gen_s: float, chunks: int,
+                  t_start: float) -> int:
+    """`python -m metasd.train --kind white-box`: features, draft vocabulary, training, the fp16 file, its card."""
+    import json
+
+    from metasd.train import draft_vocabulary
+    from metasd.whitebox import HeadConfig, build_head, load_head, save_head
+
+    target = bundle.target
+    c = HeadConfig.from_target(target.config)
+    t0 = time.perf_counter()
+    train = with_features(target, train_ex, c.feature_layers, desc=f"{a.domain}: target features")
+    held = with_features(target, eval_ex, c.feature_layers, desc=f"{a.domain}: held-out features")
+    feat_s = time.perf_counter() - t0
+    vocab = draft_vocabulary(train_ex, a.draft_vocab or 4096, bundle.target_vocab)
+    # The head reads the top of the target: its layer starts as the target's last one.
+    head = build_head(target, c, vocab, init_layer=target.config.num_hidden_layers - 1)
+    before = evaluate(head, held, a.unroll)
+    stats = train_head(head, train, a.steps, a.unroll, a.batch_size, a.lr, seed=a.seed, budget_s=60 * a.budget_min,
+                       desc=f"{a.domain}: white-box")
+    info = {"kind": "white-box", "domain": a.domain, "target": bundle.preset.target,
+            "feature_layers": list(c.feature_layers), "init_layer": target.config.num_hidden_layers - 1,
+            "train_sequences": len(train), "train_labels": sum(len(x.pos) for x in train), "prompts": a.prompts,
+            "text_chunks": chunks, "max_new_tokens": a.max_new_tokens, "draft_vocab": int(vocab.numel()),
+            "topk": a.topk, "seed": a.seed, "data_seconds": round(gen_s, 1), "feature_seconds": round(feat_s, 1),
+            **stats, "eval_sequences": len(held), "eval_before": before}
+    save_head(head, a.out, info)
+    # Score what ships: the fp16 file loaded back the way the preset loads it.
+    loaded = load_head(a.out, target, target.device, torch.float32)
+    info |= {"eval": evaluate(loaded, held, a.unroll), "total_seconds": round(time.perf_counter() - t_start, 1)}
+    save_head(head, a.out, info)
+    write_head_card(a.out)
+    print(json.dumps({"out": a.out, **info}, indent=1))
+    return 0
+
+
+def write_head_card(path) -> None:
+    """NAME.md beside a head's file, written from the file (size, sha256, config, training record)."""
+    import hashlib
+    import json
+    from pathlib import Path
+
+    from safetensors import safe_open
+
+    from metasd.whitebox import DRAFT_VOCAB, read_head_info
+
+    path = Path(path)
+    config, info = read_head_info(path)
+    data = path.read_bytes()
+    with safe_open(str(path), framework="pt") as f:
+        params = sum(math.prod(f.get_slice(k).get_shape()) for k in f.keys() if k != DRAFT_VOCAB)  # noqa: SIM118
+    ev, ev0 = info.get("eval", {}), info.get("eval_before", {})
+    steps = ", ".join(f"step {i + 1}: {x:.3f}" for i, x in enumerate(ev.get("agreement", [])))
+    lines = [
+        f"# {path.stem}", "",
+        f"A white-box drafter head (EAGLE family) for the **{info.get('domain')}** domain on "
+        f"{info.get('target')} (MetaSD Studio, offline preset). It reads the target's hidden states at layers "
+        f"{info.get('feature_layers')} (low, middle, top) and the next token's embedding, runs one decoder layer "
+        "with its own KV cache, and predicts through the target's LM head restricted to a draft vocabulary. "
+        "The embedding and head are the target's, taken at load time; only the head's own weights are stored.", "",
+        "## File", "",
+        f"- `{path.name}`: {len(data):,} bytes, sha256 `{hashlib.sha256(data).hexdigest()}`",
+        f"- {params:,} parameters (fuse {len(config['feature_layers'])}d->d, fc 2d->d, one decoder layer, norm), "
+        f"fp16 on disk; draft vocabulary {info.get('draft_vocab'):,} ids",
+        f"- layer initialised from the target's layer {info.get('init_layer')}", "",
+        "## Data", "",
+        f"- {info.get('prompts')} templated {info.get('domain')} prompts (metasd/train_data.py, seed {info.get('seed')}; "
+        "none is a Spec-Bench prompt) answered greedily by the target, at most "
+        f"{info.get('max_new_tokens')} new tokens each"
+        + (f", plus {info.get('text_chunks')} chunks of Python standard-library source" if info.get("text_chunks") else ""),
+        f"- {info.get('train_sequences')} sequences, {info.get('train_labels'):,} labelled positions; soft labels: the "
+        f"target's top-{info.get('topk')} log-probabilities; features from one teacher-forced target pass "
+        f"({info.get('data_seconds')} s of generation, {info.get('feature_seconds')} s of features)", "",
+        "## Training", "",
+        f"- {info.get('steps')} AdamW steps (of {info.get('planned_steps')} planned), batch {info.get('batch_size')}, "
+        f"lr {info.get('lr')}, training-time test over {info.get('unroll')} steps, {info.get('train_seconds')} s "
+        "on a 2-core CPU",
+        f"- loss: first {info.get('first_loss')}, final {info.get('final_loss')} (train step-1 agreement "
+        f"{info.get('final_train_agreement')})",
+        f"- held-out ({info.get('eval_sequences')} unseen prompts of the domain), top-1 agreement with the target "
+        f"per draft position, teacher-forced up to the head's own earlier steps: **{steps}** "
+        f"(at initialisation: {ev0.get('agreement')}); loss {ev0.get('loss')} -> {ev.get('loss')}", "",
+        "## Config", "", "```json", json.dumps(config, sort_keys=True), "```", "",
+        "Reproduce: see the command in assets/drafters/README.md.", "",
+    ]
+    path.with_suffix(".md").write_text("\n".join(lines), encoding="utf-8")

@@ -1,0 +1,408 @@
+"""White-box drafters: small heads that read the target's own hidden states (the EAGLE family).
+
+A black-box drafter (a distilled one-layer model) sees only token ids. A white-box head also sees the
+target's features at the last verified position, which already hold most of what the target will
+say next, so one decoder layer predicts far better for the same cost (EAGLE, Li et al. 2024).
+
+What this head reads and why (docs/DESIGN.md, "White-box drafters"):
+- features from three depths of the target, low, middle and top (EAGLE-3's fusion: the top layer alone
+  is tuned to the very next token, the lower ones keep what later tokens need), concatenated and
+  projected to the target's width by `fuse`;
+- with the embedding of the token that follows (EAGLE-1's shift: the feature at position t and the
+  token at t + 1 together predict the token at t + 2), projected again by `fc`;
+- one Llama decoder layer with its own KV cache, then the target's final-norm-like RMSNorm and the
+  target's LM head restricted to a draft vocabulary (models.DraftHead), as the distilled drafters do.
+
+Drafting several tokens feeds the head's own output state back in place of the target's features
+(EAGLE-3 drops EAGLE-1's feature regression for this), and training unrolls exactly that: "training-
+time test" (EAGLE-3, HASS), where step s at position t attends to the true-feature keys before t - s + 1
+and to its own earlier steps' keys, as it will at inference.
+
+The target's hidden states come from the forward passes the engine already runs (prefill and every
+verification, `Drafter.take_features`); the head never runs the target.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from safetensors import safe_open
+from torch import nn
+
+from metasd.drafters import Draft, Drafter, draft_chain, fit_vocab
+from metasd.sampling import Sampling, warp
+
+WHITEBOX_FORMAT = "metasd-white-box-1"
+DRAFT_VOCAB = "draft_vocab"
+
+
+@dataclass(frozen=True)
+class HeadConfig:
+    """The head's shape (the target's width, heads and RoPE) and which of the target's hidden states it reads."""
+
+    hidden_size: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    intermediate_size: int
+    rms_norm_eps: float
+    rope_theta: float
+    # Indices into the target's `hidden_states` tuple (0: the embeddings, L: the last layer's output after
+    # the final norm, which is what the LM head reads).
+    feature_layers: tuple[int, ...]
+
+    @classmethod
+    def from_target(cls, config, feature_layers: tuple[int, ...] | None = None) -> HeadConfig:
+        layers = int(config.num_hidden_layers)
+        rope = getattr(config, "rope_parameters", None) or {}
+        theta = float(rope.get("rope_theta", getattr(config, "rope_theta", 10000.0)))
+        heads = int(config.num_attention_heads)
+        return cls(
+            hidden_size=int(config.hidden_size), num_heads=heads,
+            num_kv_heads=int(getattr(config, "num_key_value_heads", heads)),
+            head_dim=int(getattr(config, "head_dim", None) or config.hidden_size // heads),
+            intermediate_size=int(config.intermediate_size), rms_norm_eps=float(config.rms_norm_eps),
+            rope_theta=theta, feature_layers=tuple(feature_layers or default_feature_layers(layers)),
+        )
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self), sort_keys=True)
+
+    @classmethod
+    def from_json(cls, text: str) -> HeadConfig:
+        d = json.loads(text)
+        d["feature_layers"] = tuple(d["feature_layers"])
+        return cls(**d)
+
+
+def default_feature_layers(num_layers: int) -> tuple[int, ...]:
+    """Low, middle and top: after layer 2, after the middle layer, and the final (normed) state."""
+    return (min(2, num_layers), num_layers // 2, num_layers)
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, size: int, eps: float) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(size))
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        v = x.float().pow(2).mean(-1, keepdim=True)
+        return self.weight * (x.float() * torch.rsqrt(v + self.eps)).to(x.dtype)
+
+
+def rotate_half(x: torch.Tensor) -> torch.Tensor:
+    a, b = x.chunk(2, dim=-1)
+    return torch.cat((-b, a), dim=-1)
+
+
+class Attention(nn.Module):
+    """Grouped-query attention with RoPE, named like a Llama layer's so a target layer's weights load as is."""
+
+    def __init__(self, c: HeadConfig) -> None:
+        super().__init__()
+        self.c = c
+        self.q_proj = nn.Linear(c.hidden_size, c.num_heads * c.head_dim, bias=False)
+        self.k_proj = nn.Linear(c.hidden_size, c.num_kv_heads * c.head_dim, bias=False)
+        self.v_proj = nn.Linear(c.hidden_size, c.num_kv_heads * c.head_dim, bias=False)
+        self.o_proj = nn.Linear(c.num_heads * c.head_dim, c.hidden_size, bias=False)
+        inv = 1.0 / (c.rope_theta ** (torch.arange(0, c.head_dim, 2, dtype=torch.float32) / c.head_dim))
+        self.register_buffer("inv_freq", inv, persistent=False)
+
+    def rope(self, x: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
+        """x: [B, H, T, D]; pos: [B, T] absolute positions."""
+        ang = pos.float()[:, None, :, None] * self.inv_freq
+        ang = torch.cat((ang, ang), dim=-1)
+        return (x.float() * ang.cos() + rotate_half(x.float()) * ang.sin()).to(x.dtype)
+
+    def project(self, x: torch.Tensor, pos: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Queries, keys and values of x [B, T, d] at positions pos, RoPE applied: [B, heads, T, D]."""
+        b, t, _ = x.shape
+        c = self.c
+        q = self.q_proj(x).view(b, t, c.num_heads, c.head_dim).transpose(1, 2)
+        k = self.k_proj(x).view(b, t, c.num_kv_heads, c.head_dim).transpose(1, 2)
+        v = self.v_proj(x).view(b, t, c.num_kv_heads, c.head_dim).transpose(1, 2)
+        return self.rope(q, pos), self.rope(k, pos), v
+
+    def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
+        """mask: bool [T_q, T_k] or [B, 1, T_q, T_k], True where a query may look."""
+        g = self.c.num_heads // self.c.num_kv_heads
+        k, v = k.repeat_interleave(g, dim=1), v.repeat_interleave(g, dim=1)
+        out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+        b, _, t, _ = out.shape
+        return self.o_proj(out.transpose(1, 2).reshape(b, t, -1))
+
+
+class Layer(nn.Module):
+    """A pre-norm Llama decoder layer; its parameter names match the target's layers."""
+
+    def __init__(self, c: HeadConfig) -> None:
+        super().__init__()
+        self.input_layernorm = RMSNorm(c.hidden_size, c.rms_norm_eps)
+        self.self_attn = Attention(c)
+        self.post_attention_layernorm = RMSNorm(c.hidden_size, c.rms_norm_eps)
+        self.mlp = nn.ModuleDict({
+            "gate_proj": nn.Linear(c.hidden_size, c.intermediate_size, bias=False),
+            "up_proj": nn.Linear(c.hidden_size, c.intermediate_size, bias=False),
+            "down_proj": nn.Linear(c.intermediate_size, c.hidden_size, bias=False),
+        })
+
+    def ffn(self, h: torch.Tensor) -> torch.Tensor:
+        m = self.mlp
+        x = self.post_attention_layernorm(h)
+        return h + m["down_proj"](F.silu(m["gate_proj"](x)) * m["up_proj"](x))
+
+
+class WhiteBoxHead(nn.Module):
+    """fuse(target features) -> fc(with the next token's embedding) -> one decoder layer -> norm -> head.
+
+    The embedding table and the LM head are the target's (held, not registered: they are neither trained
+    nor saved); only `fuse`, `fc`, the layer and the norm are this head's own weights.
+    """
+
+    def __init__(self, c: HeadConfig, embed: nn.Module, lm_head: nn.Module) -> None:
+        super().__init__()
+        self.c = c
+        d = c.hidden_size
+        self.fuse = nn.Linear(len(c.feature_layers) * d, d, bias=False)
+        self.fc = nn.Linear(2 * d, d, bias=False)
+        self.layer = Layer(c)
+        self.norm = RMSNorm(d, c.rms_norm_eps)
+        object.__setattr__(self, "embed", embed)
+        object.__setattr__(self, "lm_head", lm_head)
+
+    def inputs(self, g: torch.Tensor, next_tokens: torch.Tensor) -> torch.Tensor:
+        """The layer's input at each position: a feature (fused target features, or the head's own output
+        state) with the embedding of the token that follows it."""
+        e = self.embed(next_tokens).to(g.dtype)
+        return self.fc(torch.cat((g, e), dim=-1))
+
+    def logits(self, a: torch.Tensor) -> torch.Tensor:
+        return self.lm_head(self.norm(a))
+
+    def run(self, x: torch.Tensor, pos: torch.Tensor, past: tuple[torch.Tensor, torch.Tensor] | None,
+            mask: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """The layer over x [B, T, d] at positions pos after the cached keys/values `past`.
+
+        Returns the output states and this call's own keys and values (the caller keeps the cache)."""
+        L = self.layer
+        q, k, v = L.self_attn.project(L.input_layernorm(x), pos)
+        keys = k if past is None else torch.cat((past[0], k), dim=2)
+        vals = v if past is None else torch.cat((past[1], v), dim=2)
+        h = x + L.self_attn.attend(q, keys, vals, mask)
+        return L.ffn(h), k, v
+
+
+def own_state(head: WhiteBoxHead) -> dict[str, torch.Tensor]:
+    return {k: v for k, v in head.state_dict().items() if not k.startswith(("embed.", "lm_head."))}
+
+
+def build_head(target, c: HeadConfig, draft_vocab: torch.Tensor | None, init_layer: int | None = None) -> WhiteBoxHead:
+    """A head on `target`'s embedding and LM head (restricted to `draft_vocab`), its layer copied from the
+    target's layer `init_layer` where given (a better start than random weights), its norm from the target's."""
+    from metasd.models import DraftHead
+
+    lm = target.get_output_embeddings()
+    head = WhiteBoxHead(c, target.get_input_embeddings(), lm if draft_vocab is None else DraftHead(lm, draft_vocab))
+    if init_layer is not None:
+        src = target.model.layers[init_layer].state_dict()
+        head.layer.load_state_dict({k: v for k, v in src.items() if k in head.layer.state_dict()}, strict=True)
+        head.norm.load_state_dict(target.model.norm.state_dict())
+    with torch.no_grad():
+        # fc starts as "keep the feature, add a little of the embedding"; fuse as the top feature alone.
+        d = c.hidden_size
+        head.fc.weight.zero_()
+        head.fc.weight[:, :d] = torch.eye(d)
+        head.fc.weight[:, d:] = 0.1 * torch.eye(d)
+        head.fuse.weight.zero_()
+        head.fuse.weight[:, -d:] = torch.eye(d)
+    dev = next(target.parameters()).device
+    return head.to(dev)
+
+
+def save_head(head: WhiteBoxHead, path: str | Path, info: dict) -> None:
+    from safetensors.torch import save_file
+
+    from metasd.models import DraftHead
+
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tensors = {k: v.detach().to(torch.float16).contiguous() for k, v in own_state(head).items()}
+    if isinstance(head.lm_head, DraftHead):
+        tensors[DRAFT_VOCAB] = head.lm_head.ids.detach().cpu().to(torch.int64).contiguous()
+    save_file(tensors, str(path), metadata={"format": WHITEBOX_FORMAT, "config": head.c.to_json(),
+                                            "info": json.dumps(info, sort_keys=True)})
+
+
+def load_head(path: str | Path, target, device: torch.device, dtype: torch.dtype) -> WhiteBoxHead:
+    """Load a head's own weights (fp16 on disk) onto the target's embedding and LM head."""
+    with safe_open(str(path), framework="pt") as f:
+        meta = f.metadata() or {}
+        if meta.get("format") != WHITEBOX_FORMAT:
+            raise ValueError(f"{path} is not a MetaSD white-box head (format {meta.get('format')!r})")
+        tensors = {k: f.get_tensor(k) for k in f.keys()}  # noqa: SIM118 (safe_open has no __iter__)
+    c = HeadConfig.from_json(meta["config"])
+    if c.hidden_size != target.config.hidden_size or max(c.feature_layers) > target.config.num_hidden_layers:
+        raise ValueError(f"{path} was trained for another target (width {c.hidden_size}, layers {c.feature_layers})")
+    head = build_head(target, c, tensors.pop(DRAFT_VOCAB, None))
+    head.load_state_dict({k: v.to(dtype) for k, v in tensors.items()}, strict=False)
+    missing = set(own_state(head)) - set(tensors)
+    if missing:
+        raise ValueError(f"{path}: missing weights {sorted(missing)[:3]}")
+    return head.to(device=device, dtype=dtype).eval().requires_grad_(False)
+
+
+def read_head_info(path: str | Path) -> tuple[dict, dict]:
+    """(config, training record) stored in a head file's metadata."""
+    with safe_open(str(path), framework="pt") as f:
+        meta = f.metadata() or {}
+    return json.loads(meta["config"]), json.loads(meta.get("info", "{}"))
+
+
+class WhiteBoxDrafter(Drafter):
+    """One request's use of a white-box head: the target's features it was given and the head's KV cache.
+
+    Feature row t is the target's hidden state at position t (known for every position the target's cache
+    holds, i.e. ids[:-1]). The head's input at position t is (feature t, token t + 1) and it predicts token
+    t + 2; so with features through len(ids) - 2 its first draft token is ids' next one. The cache holds only
+    positions computed from true features; the positions a draft adds are dropped right after drafting.
+    With a `window`, a cold start (first pull, a long idle spell) reads only the last `window` positions.
+    """
+
+    deterministic = False
+
+    def __init__(self, name: str, head: WhiteBoxHead, target_vocab: int, tokenizer_vocab: int,
+                 min_confidence: float = 0.3, window: int = 0) -> None:
+        super().__init__(name)
+        self.head = head
+        self.feature_layers = head.c.feature_layers
+        self.window = window
+        self.min_confidence = min_confidence
+        self.target_vocab, self.tokenizer_vocab = target_vocab, tokenizer_vocab
+        self.device = next(head.parameters()).device
+        self.dtype = next(head.parameters()).dtype
+        self.reset([])
+
+    def reset(self, prompt_ids: list[int]) -> None:
+        self.feats: torch.Tensor | None = None  # [n, len(layers) * d] raw target features
+        self.f0 = 0  # position of feats' row 0
+        self.k = self.v = None  # head cache [1, kv_heads, T, D] for positions c0 .. c0 + T - 1
+        self.c0 = 0
+        self.tokens: list[int] = []  # ids[c0 + 1 : c0 + 1 + T]: the next tokens those positions read
+
+    # ---- features from the engine ----------------------------------------------------------
+
+    def take_features(self, start: int, hidden: tuple[torch.Tensor, ...], rows: int) -> None:
+        new = torch.cat([hidden[i][0, :rows] for i in self.feature_layers], dim=-1).to(self.dtype)
+        if self.feats is None or start < self.f0 or start > self.f0 + self.feats.shape[0]:
+            self.feats, self.f0 = new, start
+        else:
+            self.feats = torch.cat((self.feats[: start - self.f0], new))
+        keep = (self.window or 1 << 30) + 64  # a cold start reads at most `window` positions back
+        if self.feats.shape[0] > 2 * keep:
+            cut = self.feats.shape[0] - keep
+            self.feats, self.f0 = self.feats[cut:], self.f0 + cut
+
+    def _feature_rows(self, lo: int, hi: int) -> torch.Tensor | None:
+        if self.feats is None or lo < self.f0 or hi > self.f0 + self.feats.shape[0]:
+            return None
+        return self.feats[lo - self.f0 : hi - self.f0]
+
+    # ---- the head's cache -------------------------------------------------------------------
+
+    def _crop(self, n: int) -> None:
+        """Keep the first n cached positions."""
+        if self.k is not None:
+            self.k, self.v = self.k[:, :, :n], self.v[:, :, :n]
+        del self.tokens[n:]
+
+    def _sync(self, ids: list[int], upto: int, feed_from: int) -> torch.Tensor | None:
+        """Make the cache hold positions c0 .. upto - 1 (true features), recomputing at least feed_from ..
+        upto - 1; returns the head's output states there [upto - feed_from, d], or None without features."""
+        c = 0
+        limit = min(len(self.tokens), feed_from - self.c0)
+        while c < limit and self.tokens[c] == ids[self.c0 + 1 + c]:
+            c += 1
+        if self.k is None or (self.window and upto - (self.c0 + c) > self.window) or feed_from < self.c0:
+            self.k = self.v = None
+            self.tokens = []
+            c = 0
+            self.c0 = max(0, min(feed_from, upto - self.window)) if self.window else 0
+            if self.feats is not None:
+                self.c0 = max(self.c0, self.f0)
+        self._crop(c)
+        lo = self.c0 + c
+        f = self._feature_rows(lo, upto)
+        if f is None or upto <= lo:
+            return None
+        g = self.head.fuse(f.to(self.device))
+        nxt = torch.tensor(ids[lo + 1 : upto + 1], device=self.device)
+        x = self.head.inputs(g, nxt)[None]
+        pos = torch.arange(lo, upto, device=self.device)[None]
+        a = self._run(x, pos)
+        self.tokens.extend(ids[lo + 1 : upto + 1])
+        return a[0, feed_from - lo :]
+
+    def _run(self, x: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
+        past = None if self.k is None else (self.k, self.v)
+        t = x.shape[1]
+        n_past = 0 if past is None else past[0].shape[2]
+        mask = torch.ones(t, n_past + t, dtype=torch.bool, device=self.device).tril(n_past)
+        a, k, v = self.head.run(x, pos, past, mask)
+        self.k = k if past is None else torch.cat((past[0], k), dim=2)
+        self.v = v if past is None else torch.cat((past[1], v), dim=2)
+        return a
+
+    def _logits(self, a: torch.Tensor) -> torch.Tensor:
+        return fit_vocab(self.head.logits(a), self.target_vocab, self.tokenizer_vocab)
+
+    @torch.inference_mode()
+    def propose(self, ids, k, s: Sampling, generator):
+        n = len(ids)
+        if k <= 0 or n < 2:
+            return Draft([], None)
+        a = self._sync(ids, n - 1, n - 2)
+        if a is None:
+            return Draft([], None)
+        true_len = len(self.tokens)
+        state = a[-1:]
+
+        def advance(x: torch.Tensor, i: int) -> torch.Tensor:
+            # The head's own output stands in for the target's feature at the next position.
+            nonlocal state
+            inp = self.head.inputs(state, x.view(1))[None]
+            state = self._run(inp, torch.tensor([[n - 1 + i]], device=self.device))[0]
+            return self._logits(state)[-1]
+
+        tokens, qs = draft_chain(self._logits(state)[-1], k, s, generator, self.min_confidence, advance)
+        self._crop(true_len)  # drafted positions never stay: the next round brings true features
+        return Draft(torch.stack(tokens).tolist(), torch.stack(qs) if qs else None)
+
+    @torch.inference_mode()
+    def predict(self, ids, start, n, s):
+        # Token j is predicted at position j - 2 from (feature j - 2, token j - 1): the head's first step.
+        lo = max(start - 2, 0)
+        a = self._sync(ids, start + n - 2, lo)
+        missing = n - (0 if a is None else a.shape[0])
+        if a is None or a.shape[0] == 0:
+            logits = torch.zeros(0, self.target_vocab, device=self.device)
+        else:
+            logits = self._logits(a)
+        if missing:  # positions with no feature before them (a one-token context): predict nothing
+            pad = torch.full((missing, self.target_vocab), float("-inf"), device=self.device)
+            pad[:, 0] = 0.0
+            logits = torch.cat((pad, logits))
+        if s.greedy:
+            out = logits.argmax(-1)
+            if missing:
+                out[:missing] = -1
+            return out
+        q = warp(logits, s)
+        if missing:
+            q[:missing] = 0.0
+        return q
+

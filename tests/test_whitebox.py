@@ -1,0 +1,194 @@
+"""White-box heads (metasd/whitebox.py): training-time test, the drafter's incremental path against the
+training path, the features the engine hands over, losslessness, files, and the shipped heads."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+
+import pytest
+import torch
+
+from metasd import run, target_greedy
+from metasd.engine import encode_prompt
+from metasd.models import DraftHead, distilled_path
+from metasd.presets import get_preset
+from metasd.sampling import Sampling
+from metasd.train import answer_examples, draft_vocabulary
+from metasd.train_whitebox import (
+    Sequence,
+    batch_tensors,
+    evaluate,
+    train_head,
+    ttt_mask,
+    unrolled_states,
+    with_features,
+)
+from metasd.whitebox import HeadConfig, WhiteBoxDrafter, build_head, load_head, read_head_info, save_head
+from tests.tiny import tiny_bundle, tiny_llama
+
+HEADS = [d for d in get_preset("offline").drafters if d.kind == "white-box"]
+MAX_BYTES = 64 * 1024 * 1024  # every drafter's weights in the repository together
+
+
+def test_training_time_test_mask():
+    m = ttt_mask(6, 3).int()
+    # Step 3 at position 5: step 1's keys up to 3, step 2's key at 4, its own at 5.
+    assert m[5].tolist() == [1, 1, 1, 1, 0, 0] + [0, 0, 0, 0, 1, 0] + [0, 0, 0, 0, 0, 1]
+    assert m[1].tolist() == [0] * 6 + [1, 0, 0, 0, 0, 0] + [0, 1, 0, 0, 0, 0]
+    assert torch.equal(ttt_mask(4, 1), torch.ones(4, 4, dtype=torch.bool).tril())
+
+
+def _trained_tiny(steps: int = 60):
+    """A tiny target, its answers with features, and a head trained on them for a few steps."""
+    torch.manual_seed(0)
+    target = tiny_llama(vocab=48, layers=3, hidden=32, seed=3, scale=4.0)
+    g = torch.Generator().manual_seed(0)
+    prompts = [torch.randint(1, 48, (8,), generator=g).tolist() for _ in range(24)]
+    ex = answer_examples(target, prompts, 24, set(), 0, 8, 8)
+    c = HeadConfig.from_target(target.config)
+    data = with_features(target, ex, c.feature_layers)
+    head = build_head(target, c, draft_vocabulary(ex, 40, 48), init_layer=2)
+    before = evaluate(head, data[:6], 3)
+    stats = train_head(head, data[6:], steps, 3, 4, 3e-3)
+    return target, prompts, data, head, before, stats
+
+
+def test_training_learns_and_the_file_round_trips(tmp_path):
+    target, _, data, head, before, stats = _trained_tiny()
+    after = evaluate(head, data[:6], 3)
+    assert stats["steps"] == 60 and stats["final_loss"] < stats["first_loss"]
+    assert after["loss"] < before["loss"] and after["agreement"][0] > before["agreement"][0]
+    path = tmp_path / "h.safetensors"
+    save_head(head, path, {"domain": "test"})
+    loaded = load_head(path, target, torch.device("cpu"), torch.float32)
+    assert read_head_info(path)[1] == {"domain": "test"}
+    assert loaded.embed is target.get_input_embeddings()  # the target's own table, never copied
+    assert torch.equal(loaded.lm_head.ids, head.lm_head.ids)
+    assert abs(evaluate(loaded, data[:6], 3)["loss"] - after["loss"]) < 0.05  # fp16 storage
+    # A file for another target, or not a head at all, is refused with a clear message.
+    other = tiny_llama(vocab=48, layers=3, hidden=16, seed=3)
+    with pytest.raises(ValueError, match="another target"):
+        load_head(path, other, torch.device("cpu"), torch.float32)
+    from metasd.train import make_drafter, save_drafter
+
+    save_drafter(make_drafter(target, 1, 0), tmp_path / "d.safetensors", {})
+    with pytest.raises(ValueError, match="not a MetaSD white-box head"):
+        load_head(tmp_path / "d.safetensors", target, torch.device("cpu"), torch.float32)
+
+
+def test_drafting_computes_what_training_trained():
+    """The drafter's incremental path (its own KV cache, features handed over, its own output fed back)
+    gives the logits that training-time test computed for the same positions, step 1 and step 2."""
+    target, prompts, data, head, _, _ = _trained_tiny(steps=20)
+    seq: Sequence = data[0]
+    ids = seq.ids.tolist()
+    T = len(ids)
+    with torch.no_grad():
+        hs = target(input_ids=torch.tensor([ids]), output_hidden_states=True).hidden_states
+        # Training stores features in fp16; here both paths read the same fp32 ones.
+        exact = torch.cat([hs[i][0] for i in head.c.feature_layers], dim=-1)
+        ids_b, _ = batch_tensors([seq], torch.device("cpu"))
+        a1, a2 = unrolled_states(head, ids_b, exact[None], 2)
+    d = WhiteBoxDrafter("h", head, 48, 48, min_confidence=0.0)
+    d.reset(ids)
+    n = T - 4  # the context is ids[:n]; the target has features for positions 0 .. n - 2
+    d.take_features(0, hs, n - 1)
+    ctx = ids[:n]
+    # Step 1 at position n - 2 predicts token n; teacher-forced predictions cover earlier positions too.
+    got = d.predict(ctx, 2, n - 2, Sampling(1.0))
+    want = torch.softmax(head.logits(a1[0, : n - 2]), -1)
+    assert torch.allclose(got, want, atol=1e-5)
+    # Step 2 at position n - 1 reads step 1's output state and the drafted token (= ids[n] when right).
+    draft = d.propose(ctx, 2, Sampling(0.0), None)
+    assert draft.tokens[0] == int(head.logits(a1[0, n - 2]).argmax())
+    if draft.tokens[0] == ids[n]:
+        assert draft.tokens[1] == int(head.logits(a2[0, n - 1]).argmax())
+    # Drafting leaves only true-feature positions in the head's cache.
+    assert d.k.shape[2] == n - 1 and len(d.tokens) == n - 1
+
+
+def test_engine_hands_over_the_targets_hidden_states():
+    """After every round the head holds exactly the target's hidden states of a fresh full pass."""
+    bundle = tiny_bundle(vocab=32, seed=5, scale=3.0, white_box=True)
+    heads: list[WhiteBoxDrafter] = []
+
+    def inspect(cache, ids, drafters):
+        d = next(x for x in drafters if isinstance(x, WhiteBoxDrafter))
+        with torch.no_grad():
+            hs = bundle.target(input_ids=torch.tensor([ids[:-1]]), output_hidden_states=True).hidden_states
+        full = torch.cat([hs[i][0] for i in d.feature_layers], dim=-1)
+        assert d.f0 + d.feats.shape[0] == len(ids) - 1, "features for exactly the positions the target's cache holds"
+        assert torch.allclose(d.feats, full[d.f0 :], atol=1e-4)
+        heads.append(d)
+
+    run(bundle, [1, 2, 3, 4, 1, 2, 3], policy="metasd-ucb", drafters=["prompt-lookup", "tiny-eagle"],
+        max_new_tokens=30, inspect=inspect)
+    assert heads
+
+
+@pytest.mark.parametrize("policy,kw", [
+    ("single:tiny-eagle", {}),
+    ("metasd-ucb", dict(drafters=["prompt-lookup", "token-recycling", "tiny-eagle"], full_info=True)),
+    ("metasd-ucb-cost", dict(drafters=["prompt-lookup", "tiny-eagle", "tiny-lm"])),
+])
+@pytest.mark.parametrize("window", [0, 6])
+def test_greedy_identity_with_a_white_box_head(policy, kw, window):
+    bundle = tiny_bundle(vocab=40, seed=7, scale=4.0, white_box=True, head_window=window)
+    for prompt in ([1, 2, 3, 4, 5, 1, 2, 3], [7, 7, 9, 30, 2, 11, 5, 8, 1, 1, 4, 6, 2, 9]):
+        ref = target_greedy(bundle, prompt, 40)
+        rounds, s = run(bundle, prompt, policy=policy, max_new_tokens=40, **kw)
+        assert list(s.token_ids) == ref, policy
+        if policy == "single:tiny-eagle":
+            assert any(r.draft for r in rounds), "the head drafted"
+
+
+def test_predict_on_a_one_token_context_predicts_nothing():
+    bundle = tiny_bundle(vocab=32, seed=5, white_box=(0, 1, 2, 3))
+    rounds, s = run(bundle, [5], policy="single:tiny-eagle", max_new_tokens=8, full_info=True)
+    assert list(s.token_ids) == target_greedy(bundle, [5], 8)
+
+
+# ---------------------------------------------------------------------------------------------
+# The shipped heads (the offline target)
+
+
+@pytest.mark.offline_model
+def test_shipped_heads_load_share_the_target_and_match_their_cards(offline):
+    assert len(HEADS) >= 3
+    total = sum(p.stat().st_size for p in distilled_path(HEADS[0]).parent.glob("*.safetensors"))
+    assert total <= MAX_BYTES, f"drafter weights in the repository: {total:,} bytes"
+    for spec in HEADS:
+        path = distilled_path(spec)
+        assert path.exists(), f"{path} is missing"
+        head = offline.models[spec.name]
+        assert head.embed is offline.target.get_input_embeddings()
+        assert isinstance(head.lm_head, DraftHead)
+        assert torch.equal(head.lm_head.weight, offline.target.lm_head.weight[head.lm_head.ids])
+        config, info = read_head_info(path)
+        card = path.with_suffix(".md").read_text(encoding="utf-8")
+        assert hashlib.sha256(path.read_bytes()).hexdigest() in card, f"{spec.name}: card sha256 is stale"
+        assert f"{path.stat().st_size:,} bytes" in card
+        assert json.loads(re.search(r"```json\n(.*?)\n```", card, re.S).group(1)) == config
+        assert info["kind"] == "white-box" and info["eval"]["agreement"][0] > info["eval_before"]["agreement"][0]
+
+
+PROMPTS = ["Write a Python function that checks whether a string is a palindrome.",
+           "Tom has 12 apples and gives away 5. How many apples does he have left?"]
+
+
+@pytest.mark.offline_model
+@pytest.mark.parametrize("name", [d.name for d in HEADS])
+def test_shipped_head_is_lossless(offline, reference_model, name):
+    accepted = 0
+    for prompt in PROMPTS:
+        ids = encode_prompt(offline, prompt, True)
+        inp = torch.tensor([ids])
+        ref = reference_model.generate(inp, attention_mask=torch.ones_like(inp), do_sample=False, max_new_tokens=32,
+                                       eos_token_id=sorted(offline.eos_ids), pad_token_id=sorted(offline.eos_ids)[0])
+        rounds, s = run(offline, prompt, policy=f"single:{name}", max_new_tokens=32)
+        assert list(s.token_ids) == ref[0, len(ids):].tolist(), f"{name} differs from the target on {prompt[:40]!r}"
+        accepted += s.mean_accepted * s.target_calls
+    assert accepted > 0, f"{name} never had a draft accepted"
+
