@@ -69,6 +69,7 @@ class Method:
     drafter: str = ""  # hf-assisted and single: the drafter
     lookup: int = DEFAULT_PLD_TOKENS  # hf-pld: prompt_lookup_num_tokens
     cold: bool = False  # engine: start the bandit without the preset's informed priors (`<method>@cold`)
+    extra: tuple[str, ...] = ()  # engine: arms played besides the preset's default ones (`<policy>+<drafter>...`)
 
     @property
     def ours(self) -> bool:
@@ -86,8 +87,9 @@ def default_methods(drafter_names: Sequence[str]) -> list[str]:
 
 def method_help() -> str:
     return (f"comma-separated, from: baseline, hf-pld[:N], hf-assisted:<model drafter>, single:<drafter>, "
-            f"<policy>[/<reward>][@cold] with policy in {', '.join(POLICIES)} and reward in {', '.join(REWARDS)} "
-            f"(@cold: without the preset's informed priors), oracle")
+            f"<policy>[/<reward>][+<drafter>...][@cold] with policy in {', '.join(POLICIES)} and reward in "
+            f"{', '.join(REWARDS)} (+<drafter>: an arm besides the preset's default ones; @cold: without the preset's "
+            "informed priors), oracle")
 
 
 def parse_methods(spec: str | Sequence[str] | None, drafter_names: Sequence[str], model_drafters: Sequence[str],
@@ -128,17 +130,23 @@ def _parse_method(name: str, drafters: list[str], models: list[str], default_rew
     base, _, flag = name.partition("@")
     if flag not in ("", "cold"):
         raise InvalidInput(f"method {name!r}: the only suffix is @cold")
+    base, *extra = base.split("+")
+    for x in extra:
+        if x not in drafters:
+            raise InvalidInput(f"method {name!r}: unknown drafter {x!r}; this preset has {', '.join(drafters)}")
     policy, _, reward = base.partition("/")
     reward = reward or default_reward
     if reward not in REWARDS:
         raise InvalidInput(f"method {name!r}: unknown reward {reward!r}; choose one of {', '.join(REWARDS)}")
     d = single_drafter(policy)
     if d is not None:
+        if extra:
+            raise InvalidInput(f"method {name!r}: a single drafter plays alone; +<drafter> is for bandits")
         if d not in drafters:
             raise InvalidInput(f"method {name!r}: unknown drafter {d!r}; this preset has {', '.join(drafters)}")
         return Method(name, "engine", policy=policy, reward=reward, drafter=d)
     if policy in POLICIES:
-        return Method(name, "engine", policy=policy, reward=reward, cold=bool(flag))
+        return Method(name, "engine", policy=policy, reward=reward, cold=bool(flag), extra=tuple(extra))
     raise InvalidInput(f"unknown method {name!r}; {method_help()}")
 
 
@@ -261,6 +269,8 @@ def run_method(bundle: Bundle, method: Method, ids: list[int], max_new_tokens: i
     dev = bundle.device
     if method.ours:
         drafters = [method.drafter] if method.single else None  # a single drafter runs alone
+        if method.extra:
+            drafters = list(dict.fromkeys([*bundle.default_drafters, *method.extra]))
         _sync(dev)
         t0, c0 = time.perf_counter(), time.process_time()
         rounds, s = run(bundle, ids, drafters=drafters, policy=method.policy, reward=method.reward, gamma=gamma,

@@ -121,7 +121,8 @@ def target_step_ms(bundle, ctx: int = 200, steps: int = 8) -> float:
     return 1000 * statistics.median(times)
 
 
-def measure_costs(bundle, names: list[str], max_new_tokens: int = 48, progress=print) -> tuple[dict[str, float], dict]:
+def measure_costs(bundle, names: list[str], max_new_tokens: int = 48, progress=print,
+                  prompts: tuple[str | list[int], ...] = COST_PROMPTS) -> tuple[dict[str, float], dict]:
     """c per drafter: its drafting time per drafted token, alone in the engine on COST_PROMPTS, over the
     target's one-token step; the target is timed between drafters so that machine load hits both alike."""
     from metasd.engine import run
@@ -131,7 +132,7 @@ def measure_costs(bundle, names: list[str], max_new_tokens: int = 48, progress=p
     steps: list[float] = [target_step_ms(bundle)]
     for name in names:
         drafted = spent = 0.0
-        for p in COST_PROMPTS:
+        for p in prompts:
             _, s = run(bundle, p, policy=f"single:{name}", drafters=[name], max_new_tokens=max_new_tokens,
                        priors=False)
             st = next(d for d in s.drafters if d.name == name)
@@ -143,6 +144,6 @@ def measure_costs(bundle, names: list[str], max_new_tokens: int = 48, progress=p
         c[name] = ms[name] / step if drafted else float("nan")
         progress(f"[metasd] {name}: {ms[name]:.2f} ms per drafted token, c = {c[name]:.3f}")
     detail = {"target_step_ms": round(statistics.median(steps), 2), "drafter_ms": {k: round(v, 3) for k, v in ms.items()},
-              "method": f"each drafter alone in the engine on {len(COST_PROMPTS)} prompts, {max_new_tokens} tokens; "
+              "method": f"each drafter alone in the engine on {len(prompts)} prompts, {max_new_tokens} tokens; "
                         "target: median one-token step at 200 tokens of context", "threads": torch.get_num_threads()}
     return {k: v for k, v in c.items() if math.isfinite(v)}, detail

@@ -59,7 +59,7 @@ def scaffold_positions(bundle: Bundle, prompt: str | list[int], prompt_ids: list
     special = set(getattr(tok, "all_special_ids", ()) or ())
     marked = {i for i, t in enumerate(prompt_ids) if t in special}
     if isinstance(prompt, str) and prompt and chat_template and getattr(tok, "chat_template", None):
-        empty = encode_prompt(bundle, "", True)
+        empty = _empty_chat(bundle)
         head = 0
         while head < min(len(empty), len(prompt_ids)) and empty[head] == prompt_ids[head]:
             head += 1
@@ -68,6 +68,15 @@ def scaffold_positions(bundle: Bundle, prompt: str | list[int], prompt_ids: list
             tail += 1
         marked |= set(range(head)) | set(range(len(prompt_ids) - tail, len(prompt_ids)))
     return frozenset(marked)
+
+
+def _empty_chat(bundle: Bundle) -> list[int]:
+    """The chat template rendered around an empty user message, once per bundle (every request asks)."""
+    ids = getattr(bundle, "_empty_chat_ids", None)
+    if ids is None:
+        ids = encode_prompt(bundle, "", True)
+        bundle._empty_chat_ids = ids
+    return ids
 
 
 class TextPieces:

@@ -40,11 +40,26 @@ class Priors:
         return [table.get(a) for a in arms]
 
 
+_cache: dict[Path, tuple[float, Priors]] = {}
+
+
 def load_priors(preset: str, directory: Path | None = None) -> Priors | None:
-    """The preset's priors, or None when it has no priors file."""
+    """The preset's priors, or None when it has no priors file. Read once per file and kept while the file's
+    modification time stays the same (every request asks)."""
     path = (directory or PRIORS_DIR) / f"{preset}.json"
-    if not path.is_file():
+    try:
+        mtime = path.stat().st_mtime
+    except OSError:
         return None
+    hit = _cache.get(path)
+    if hit is not None and hit[0] == mtime:
+        return hit[1]
+    pri = _read(path)
+    _cache[path] = (mtime, pri)
+    return pri
+
+
+def _read(path: Path) -> Priors:
     doc = json.loads(path.read_text(encoding="utf-8"))
     if doc.get("format") != PRIORS_FORMAT:
         raise ValueError(f"{path}: not a {PRIORS_FORMAT} file")

@@ -84,8 +84,17 @@ def test_drafters_command_lists_every_drafter_with_its_kind():
         rows = json.loads(out.stdout)
         assert [r["name"] for r in rows] == [d.name for d in PRESETS[preset].drafters]
         assert all(r["kind"] in KINDS and r["description"] for r in rows)
+        assert all({"parameters", "file_bytes", "cost"} <= set(r) for r in rows)
+        for r in rows:  # trained drafters: their own parameters and file, read from the file's header
+            if r["kind"] in ("distilled", "white-box"):
+                assert r["parameters"] > 1_000_000 and r["file_bytes"] > 1_000_000, r
+            elif r["kind"] in ("model-free", "self"):
+                assert r["parameters"] == 0, r
     text = _cli("drafters").stdout
-    assert "prompt-lookup" in text and "model-free" in text and "distilled" in text
+    assert "prompt-lookup" in text and "model-free" in text and "distilled" in text and "white-box" in text
+    # The offline preset's costs were measured (drafters --measure --save) for every drafter it has.
+    offline = json.loads(_cli("drafters", "--json").stdout)
+    assert all(r["cost"] is not None and 0 < r["cost"] < 2 for r in offline), offline
     bad = _cli("drafters", "--preset", "gpt2")
     assert bad.returncode == 2 and "unknown preset" in bad.stderr
 

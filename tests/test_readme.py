@@ -225,7 +225,8 @@ def test_readme_presets_and_methods_are_real():
             shown = m.group(1).split(",")
             parsed = [x.name for x in parse_methods(m.group(1), offline.drafter_names, models)]
             assert parsed == shown, (shown, parsed)
-            bench_rows = [r.strip("* ") for r in re.findall(r"^\| (\**[\w:.-]+\**) \| [\d.]+x", readme(), re.M)]
+            main_table = readme().split("## Benchmarks", 1)[1].split("\n### ", 1)[0]  # the first table of the section
+            bench_rows = [r.strip("* ") for r in re.findall(r"^\| (\**[\w:.-]+\**) \| [\d.]+x", main_table, re.M)]
             assert bench_rows == shown, f"the benchmark table's methods {bench_rows} vs the command's {shown}"
             break
     else:
@@ -324,14 +325,20 @@ def test_priors_command(tmp_path):
 
 
 def test_train_help():
-    (cmd,) = commands_of(("metasd.train", None))
-    assert program(cmd) == readme_python(), cmd  # help_text runs the README's interpreter
-    assert "usage:" in help_text("metasd.train")
-    domain = re.search(r"--domain (\w+)", cmd)
-    assert domain and domain.group(1) in help_text("metasd.train"), cmd
-    for other in re.findall(r"also: ([\w, ]+)", readme().split("metasd.train --domain", 1)[1].splitlines()[0]):
-        for name in other.replace(" ", "").split(","):
-            assert name in help_text("metasd.train"), name
+    cmds = commands_of(("metasd.train", None))
+    assert len(cmds) == 2, cmds  # the distilled drafters and the white-box heads
+    usage = help_text("metasd.train")
+    assert "usage:" in usage
+    for cmd in cmds:
+        assert program(cmd) == readme_python(), cmd  # help_text runs the README's interpreter
+        for flag, value in re.findall(r"(--[\w-]+) ([\w-]+)", cmd):
+            assert flag in usage, (flag, cmd)
+            if flag in ("--domain", "--kind"):
+                assert value in usage, (value, cmd)
+        line = next(x for x in readme().splitlines() if cmd.split()[-1] in x and "metasd.train" in x)
+        for other in re.findall(r"also: ([\w, ]+)", line):
+            for name in other.replace(" ", "").split(","):
+                assert name in usage, name
 
 
 def test_make_targets():

@@ -150,6 +150,18 @@ def test_predict_on_a_one_token_context_predicts_nothing():
     assert list(s.token_ids) == target_greedy(bundle, [5], 8)
 
 
+def test_measured_costs_cover_every_drafter_that_drafts():
+    from metasd.catalog import measure_costs
+
+    bundle = tiny_bundle(vocab=40, seed=7, scale=4.0, white_box=True)
+    names = ["prompt-lookup", "tiny-lm", "tiny-eagle"]
+    c, detail = measure_costs(bundle, names, max_new_tokens=16, progress=lambda m: None,
+                              prompts=([1, 2, 3, 4, 1, 2, 3],))
+    assert set(c) == set(names) and all(v > 0 for v in c.values())
+    assert c["prompt-lookup"] < c["tiny-lm"], "copying costs less than running a model"
+    assert detail["target_step_ms"] > 0
+
+
 # ---------------------------------------------------------------------------------------------
 # The shipped heads (the offline target)
 
