@@ -34,10 +34,10 @@ from safetensors import safe_open
 from torch import nn
 
 from metasd.drafters import Draft, Drafter, draft_chain, fit_vocab
+from metasd.models import DRAFT_VOCAB
 from metasd.sampling import Sampling, warp
 
 WHITEBOX_FORMAT = "metasd-white-box-1"
-DRAFT_VOCAB = "draft_vocab"
 
 
 @dataclass(frozen=True)

@@ -75,3 +75,16 @@ def tiny_bundle(vocab: int = 32, seed: int = 0, noise: float = 0.3, drafter_voca
     preset = Preset("tiny", "tiny random models (tests)", "tiny", tuple(specs), gamma=4)
     return Bundle(preset, target, tokenizer, {s.name: s for s in specs}, models,
                   tokenizer_vocab=tokenizer_vocab or 0)
+
+
+def independent_greedy(reference_model, bundle: Bundle, prompt: str, max_new_tokens: int) -> tuple[list[int], list[int]]:
+    """(prompt ids, the target's own greedy continuation) from an independent copy of the target (the
+    `reference_model` fixture), through the same chat template the engine uses."""
+    from metasd.engine import encode_prompt
+
+    ids = encode_prompt(bundle, prompt, True)
+    inp = torch.tensor([ids])
+    eos = sorted(bundle.eos_ids)
+    out = reference_model.generate(inp, attention_mask=torch.ones_like(inp), do_sample=False,
+                                   max_new_tokens=max_new_tokens, eos_token_id=eos, pad_token_id=eos[0])
+    return ids, out[0, len(ids):].tolist()
