@@ -1,7 +1,8 @@
 """What a round costs and what it is worth: the verification cost model and the arm rewards.
 
 docs/DESIGN.md §1 gives the formulas; §4 the CPU measurements that make a cost model necessary
-(verifying gamma + 1 ids costs about one step on a GPU, but ~15% of a step more per id on a CPU).
+(verifying gamma + 1 ids costs about one step on a GPU; on a CPU ~4% of a step more per id with the
+packed linear layers of metasd/cpu_linear.py, ~15% with torch's default kernels).
 """
 
 from __future__ import annotations
@@ -9,8 +10,10 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 
 # Cost of one more verified id relative to a one-id step, used until two counts are measured.
-# This CPU measures ~15% (docs/DESIGN.md §4); a GPU measures ~0 within a few rounds.
+# This CPU measures ~4% with the target's linear layers packed for oneDNN and ~15% with torch's
+# default kernels (docs/DESIGN.md §4, scripts/measure_verify.py); a GPU measures ~0 within a few rounds.
 EXTRA_ID_PRIOR = 0.15
+EXTRA_ID_PRIOR_PACKED = 0.04
 
 
 def expected_accepted(g: Sequence[float]) -> float:
@@ -25,8 +28,9 @@ def expected_accepted(g: Sequence[float]) -> float:
 class VerifyCost:
     """Smoothed time (ms) of one verification by the number of ids fed (1 .. gamma + 1)."""
 
-    def __init__(self, gamma: int) -> None:
+    def __init__(self, gamma: int, extra_id: float = EXTRA_ID_PRIOR) -> None:
         self.ms = [0.0] * (gamma + 2)
+        self.extra_id = extra_id
 
     def add(self, fed: int, ms: float) -> None:
         old = self.ms[fed]
@@ -47,7 +51,7 @@ class VerifyCost:
         near = (lo[-2:] if lo else hi[:2])
         (i0, m0) = near[-1] if lo else near[0]
         slope = ((near[1][1] - near[0][1]) / (near[1][0] - near[0][0]) if len(near) == 2
-                 else EXTRA_ID_PRIOR * m0 / max(i0, 1))
+                 else self.extra_id * m0 / max(i0, 1))
         return max(m0 + max(slope, 0.0) * (fed - i0), 1e-3)
 
 

@@ -179,8 +179,8 @@ class TokenRecycling(Drafter):
         super().__init__(name)
         self.vocab_size = vocab_size
         # Stop the chain once the product of the target's recorded probabilities falls below
-        # this: on a CPU each extra verified id costs ~15% of a step (docs/DESIGN.md §4), so a long
-        # unlikely tail costs more than it can win.
+        # this: each extra verified id costs a little (docs/DESIGN.md §4), so a long unlikely tail
+        # costs more than it can win.
         self.min_confidence = min_confidence
         self.table = np.full(vocab_size, -1, dtype=np.int64)
         self.conf = np.zeros(vocab_size, dtype=np.float32)

@@ -19,7 +19,8 @@ from typing import Any
 import torch
 from transformers import DynamicCache
 
-from metasd.costs import VerifyCost, best_length, expected_accepted, reward
+from metasd.costs import EXTRA_ID_PRIOR, EXTRA_ID_PRIOR_PACKED, VerifyCost, best_length, expected_accepted, reward
+from metasd.cpu_linear import is_packed
 from metasd.drafters import Draft, Drafter, Verified, crop_to
 from metasd.events import DrafterStats, Event, RoundEvent, Summary
 from metasd.models import Bundle
@@ -211,7 +212,8 @@ class Request:
         self.arms = bundle.make_drafters(self.names)
         # White-box arms read the target's hidden states: only then does every target pass return them.
         self.readers = [d for d in self.arms if d.feature_layers]
-        self.verify_cost = VerifyCost(st.gamma)  # the throughput reward's and the plan's yardstick
+        # The throughput reward's and the plan's yardstick.
+        self.verify_cost = VerifyCost(st.gamma, EXTRA_ID_PRIOR_PACKED if is_packed(bundle.target) else EXTRA_ID_PRIOR)
         # Rounds the request will take if each emits ~2 tokens: sequential halving's horizon.
         self.policy = make_policy(st.policy, self.names, seed=st.seed, horizon=max(8, st.max_new_tokens // 2),
                                   plan=self.plan)
@@ -225,7 +227,7 @@ class Request:
         self.generated: list[int] = []
         self.cache = DynamicCache(config=bundle.target.config)
         # Per-arm draft length: one more after a fully accepted draft, accepted + 1 after a rejection
-        # (on a CPU every extra verified id costs ~15% of a step, so long doomed drafts are expensive).
+        # (every extra verified id costs something: ~4% of a step on this CPU, ~15% unpacked).
         self.caps = [st.gamma] * len(self.arms)
         self.budget = st.max_new_tokens - 1  # the most a round may draft: it emits accepted + 1 tokens
         self.pre: dict[int, Draft] = {}  # this round's drafts of the model-free arms (sleeping arms)

@@ -121,12 +121,14 @@ def test_idle_drafter_catches_up_lazily():
 
 
 def test_verify_cost_interpolates_and_extrapolates():
-    from metasd.costs import EXTRA_ID_PRIOR, VerifyCost
+    from metasd.costs import EXTRA_ID_PRIOR, EXTRA_ID_PRIOR_PACKED, VerifyCost
 
     c = VerifyCost(4)
     assert c(3) == 1.0  # nothing measured yet
     c.add(1, 50.0)
-    assert EXTRA_ID_PRIOR == 0.15  # this CPU's measured cost of one more verified id (docs/DESIGN.md §4)
+    # This CPU's measured cost of one more verified id (docs/DESIGN.md §4): default kernels, packed.
+    assert (EXTRA_ID_PRIOR, EXTRA_ID_PRIOR_PACKED) == (0.15, 0.04)
+    assert VerifyCost(4, EXTRA_ID_PRIOR_PACKED).extra_id == 0.04
     assert c(1) == 50.0 and c(2) == pytest.approx(57.5)  # the prior: +15% of a step per id
     c.add(5, 70.0)
     assert c(3) == pytest.approx(60.0)  # between two measurements: linear

@@ -1,0 +1,146 @@
+"""Verification at the cost of one step on a CPU: linear layers with weights pre-packed for oneDNN.
+
+Speculative decoding pays because the target verifies gamma + 1 ids for about the price of one:
+a decoding step is bound by reading the weights, not by arithmetic. On a GPU that holds; on this
+CPU it did not, because of the GEMM kernel, not the hardware. With one thread, SmolLM2-135M in
+float32 needed ~58 ms for one id and ~95 ms for five (docs/DESIGN.md §4): the default sgemm path for
+a handful of rows re-streams the weights, and two or three rows were even slower than four.
+oneDNN's inner-product primitive with a weight reordered once into its blocked layout reads each
+weight once for all rows: five ids then cost ~50 ms, the same as one (measured in
+`scripts/measure_verify.py`).
+
+The packed op (`torch.ops.mkldnn._linear_pointwise`, the one PyTorch's own CPU compiler emits) is
+not a public API, so packing is checked on the spot: the op must exist and agree with
+`F.linear` on a probe, or the model is left as it was. `METASD_PACKED_LINEAR=0` turns it off.
+Row results differ from `F.linear` by float32 rounding only (~1e-6 relative); the target's own
+greedy reference runs through the same packed layers, so losslessness is measured against the
+model as it actually computes.
+"""
+
+from __future__ import annotations
+
+import copy
+import os
+from collections.abc import Callable
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+ENV = "METASD_PACKED_LINEAR"
+# Row-count hint for oneDNN's reorder: verification feeds 1-9 rows; 8 measured best for 2-8 and
+# no worse than 1 for a single row.
+ROWS_HINT = 8
+
+
+def _packed_op():
+    ops = getattr(torch.ops, "mkldnn", None)
+    reorder = getattr(ops, "_reorder_linear_weight", None) if ops is not None else None
+    linear = getattr(ops, "_linear_pointwise", None) if ops is not None else None
+    if reorder is None or linear is None or not torch.backends.mkldnn.is_available():
+        return None
+    return reorder, linear
+
+
+class PackedLinear(nn.Module):
+    """`nn.Linear` whose forward uses a oneDNN-packed copy of the weight.
+
+    `weight` and `bias` stay the original parameters, so code that reads them (the drafters'
+    restricted heads, tied embeddings, head initialisation) sees what it saw before. When a gradient
+    is needed the plain `F.linear` runs (the packed op has no backward).
+    """
+
+    def __init__(self, linear: nn.Linear, reorder: Callable, op: Callable) -> None:
+        super().__init__()
+        self.in_features, self.out_features = linear.in_features, linear.out_features
+        self.weight = linear.weight
+        self.bias = linear.bias
+        self._reorder, self._op = reorder, op
+        self.register_buffer("packed", reorder(linear.weight.detach(), ROWS_HINT), persistent=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if torch.is_grad_enabled() and (x.requires_grad or self.weight.requires_grad):
+            return F.linear(x, self.weight, self.bias)
+        return self._op(x, self.packed, self.bias, "none", [], "")
+
+    def plain(self) -> nn.Linear:
+        """An `nn.Linear` on the same parameters."""
+        lin = nn.Linear(self.in_features, self.out_features, bias=self.bias is not None,
+                        device="meta", dtype=self.weight.dtype)
+        lin.weight, lin.bias = self.weight, self.bias
+        return lin
+
+    def __deepcopy__(self, memo: dict) -> PackedLinear:
+        # The packed buffer is an opaque oneDNN tensor that cannot be copied: copy the parameters
+        # (through memo, so a tied head stays tied to its copied embedding) and pack again.
+        lin = self.plain()
+        lin.weight = copy.deepcopy(self.weight, memo)
+        lin.bias = copy.deepcopy(self.bias, memo)
+        new = PackedLinear(lin, self._reorder, self._op)
+        memo[id(self)] = new
+        return new
+
+    def extra_repr(self) -> str:
+        return f"in_features={self.in_features}, out_features={self.out_features}, packed=oneDNN"
+
+
+def _linears(model: nn.Module) -> list[tuple[nn.Module, str, nn.Linear]]:
+    return [(parent, name, child) for parent in model.modules() for name, child in parent.named_children()
+            if type(child) is nn.Linear]
+
+
+def _agrees(linear: nn.Linear, reorder: Callable, op: Callable) -> bool:
+    """Does the packed op compute this layer's product on a probe (1 and 5 rows)?"""
+    try:
+        probe = PackedLinear(linear, reorder, op)
+        with torch.no_grad():
+            for rows in (1, 5):
+                x = torch.randn(1, rows, linear.in_features, dtype=linear.weight.dtype,
+                                generator=torch.Generator().manual_seed(rows))
+                want, got = F.linear(x, linear.weight, linear.bias), probe(x)
+                scale = want.abs().max().item() + 1e-6
+                if got.shape != want.shape or (got - want).abs().max().item() > 1e-4 * scale:
+                    return False
+        return True
+    except (RuntimeError, TypeError):
+        return False
+
+
+def enabled() -> bool:
+    return os.environ.get(ENV, "1").strip().lower() not in ("0", "false", "no", "off")
+
+
+def pack_linears(model: nn.Module, progress: Callable[[str], None] | None = None) -> int:
+    """Replace every float32 `nn.Linear` of a CPU model by a `PackedLinear`; return how many.
+
+    Models on other devices or dtypes, a torch without the op, or a probe that disagrees leave the
+    model unchanged (0). Packing costs one extra copy of the weights (the originals stay).
+    """
+    found = _linears(model)
+    if not found or not enabled():
+        return 0
+    first = found[0][2]
+    if first.weight.device.type != "cpu" or any(c.weight.dtype != torch.float32 for _, _, c in found):
+        return 0
+    ops = _packed_op()
+    if ops is None or not _agrees(first, *ops):
+        if progress:
+            progress("[metasd] packed CPU linear layers are unavailable here; using torch's default kernels")
+        return 0
+    for parent, name, child in found:
+        setattr(parent, name, PackedLinear(child, *ops))
+    return len(found)
+
+
+def unpack_linears(model: nn.Module) -> int:
+    """Undo `pack_linears` in place (same parameters, torch's default kernels); return how many."""
+    found = [(parent, name, child) for parent in model.modules() for name, child in parent.named_children()
+             if isinstance(child, PackedLinear)]
+    for parent, name, child in found:
+        setattr(parent, name, child.plain())
+    return len(found)
+
+
+def is_packed(model: nn.Module) -> bool:
+    """Were this model's linear layers packed (so verifying several ids costs about one step)?"""
+    return any(isinstance(m, PackedLinear) for m in model.modules())

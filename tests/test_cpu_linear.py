@@ -1,0 +1,98 @@
+"""oneDNN-packed linear layers (metasd/cpu_linear.py): same products, same greedy outputs, safe fallbacks."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+from torch import nn
+
+from metasd import cpu_linear, run, target_greedy
+from metasd.cpu_linear import PackedLinear, pack_linears, unpack_linears
+from tests.tiny import tiny_bundle, tiny_llama
+
+pytestmark = pytest.mark.skipif(cpu_linear._packed_op() is None, reason="this torch has no oneDNN packed linear")
+
+
+def _count(model: nn.Module) -> int:
+    return sum(isinstance(m, PackedLinear) for m in model.modules())
+
+
+def test_packing_replaces_every_linear_and_keeps_the_products():
+    plain = tiny_llama(vocab=64, layers=3, hidden=64, seed=3)
+    packed = copy.deepcopy(plain)
+    n_linear = sum(type(m) is nn.Linear for m in plain.modules())
+    assert pack_linears(packed) == n_linear == 3 * 7 + 1
+    assert _count(packed) == n_linear and not any(type(m) is nn.Linear for m in packed.modules())
+    ids = torch.randint(0, 64, (1, 12), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        want, got = plain(ids).logits, packed(ids).logits
+    assert torch.allclose(want, got, rtol=1e-4, atol=1e-5), (want - got).abs().max()
+    # Nothing to pack twice; the original parameters are still the ones the model reports.
+    assert pack_linears(packed) == 0
+    assert packed.lm_head.weight.data_ptr() == packed.lm_head.weight.data_ptr()
+    assert sum(p.numel() for p in packed.parameters()) == sum(p.numel() for p in plain.parameters())
+
+
+def test_tied_head_stays_tied_and_gradients_use_the_plain_product():
+    model = tiny_llama(vocab=64, hidden=32, seed=1)
+    model.lm_head.weight = model.model.embed_tokens.weight  # tied, as SmolLM2's
+    pack_linears(model)
+    assert model.lm_head.weight is model.model.embed_tokens.weight
+    # With a gradient wanted, the forward falls back to F.linear (the packed op has no backward).
+    lin = nn.Linear(8, 4)
+    p = PackedLinear(lin, *cpu_linear._packed_op())
+    x = torch.randn(3, 8, requires_grad=True)
+    p(x).sum().backward()
+    assert x.grad is not None and torch.allclose(x.grad, lin.weight.sum(0).expand(3, 8))
+
+
+def test_greedy_identical_after_packing_under_every_kind_of_drafter():
+    for seed in range(4):
+        bundle = tiny_bundle(vocab=48, seed=seed, layers=2, hidden=32, draft_vocab=tuple(range(0, 48, 2)),
+                             white_box=True)
+        prompt = [(7 * seed + i) % 48 for i in range(9)]
+        before = target_greedy(bundle, prompt, 30)
+        assert pack_linears(bundle.target) > 0
+        assert target_greedy(bundle, prompt, 30) == before, "packing changed the target's own greedy output"
+        for policy in ("metasd-ucb", "metasd-ucb-cost", "single:layer-skip", "single:tiny-eagle", "single:tiny-distilled"):
+            _, s = run(bundle, prompt, policy=policy, max_new_tokens=30, chat_template=False)
+            assert list(s.token_ids) == before, (seed, policy)
+
+
+def test_fallbacks_leave_the_model_unchanged(monkeypatch):
+    model = tiny_llama(seed=2)
+    monkeypatch.setenv(cpu_linear.ENV, "0")
+    assert pack_linears(model) == 0 and _count(model) == 0
+    monkeypatch.delenv(cpu_linear.ENV)
+    assert pack_linears(copy.deepcopy(model).to(torch.bfloat16)) == 0
+    # An op that computes something else is caught by the probe, with a message.
+    reorder, _ = cpu_linear._packed_op()
+    monkeypatch.setattr(cpu_linear, "_packed_op", lambda: (reorder, lambda x, w, b, *a: torch.zeros(*x.shape[:-1], 1)))
+    said = []
+    assert pack_linears(model, said.append) == 0 and _count(model) == 0
+    assert said and "unavailable" in said[0]
+
+
+@pytest.mark.offline_model
+def test_offline_target_is_packed_and_lossless_against_the_default_kernels(offline, reference_model):
+    target = offline.target
+    assert _count(target) == 30 * 7 + 1
+    assert target.lm_head.weight is target.model.embed_tokens.weight
+    # The reference copy is packed too (it is loaded the same way); an unpacked copy of the target
+    # must give the same greedy answers as the packed one.
+    plain = copy.deepcopy(reference_model)
+    assert _count(plain) == 30 * 7 + 1 and plain.lm_head.weight is plain.model.embed_tokens.weight
+    assert unpack_linears(plain) == 30 * 7 + 1 and _count(plain) == 0
+    from metasd.engine import encode_prompt
+
+    for prompt in ("Summarize: the council approved the park plan after residents asked for trees.",
+                   "Write a Python function that reverses a string.", "What is 12 * 13? Show your steps."):
+        ids = encode_prompt(offline, prompt, True)
+        inp = torch.tensor([ids])
+        eos = sorted(offline.eos_ids)
+        out = plain.generate(inp, attention_mask=torch.ones_like(inp), do_sample=False, max_new_tokens=40,
+                             eos_token_id=eos, pad_token_id=eos[0])[0, len(ids):].tolist()
+        _, s = run(offline, prompt, policy="metasd-ucb-cost", max_new_tokens=40)
+        assert list(s.token_ids) == out, prompt
