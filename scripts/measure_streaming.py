@@ -61,7 +61,8 @@ def generate_fn_index(url: str) -> int:
 def via_page(url: str, fn_index: int, drafters: list[str], prompt: str, n: int, policy: str) -> dict:
     """One /generate call through gradio's queue, reading the server-sent events as the page does."""
     session = uuid.uuid4().hex[:11]
-    data = [prompt, "offline", drafters, policy, "bd", 4, n, 0.0, 1.0, 0, False, {}]
+    # generate_view's inputs in order (metasd/ui/generate.py): ..., seed, full_info, cold, baselines.
+    data = [prompt, "offline", drafters, policy, "bd", 4, n, 0.0, 1.0, 0, False, False, {}]
     t0 = time.perf_counter()
     r = httpx.post(f"{url}gradio_api/queue/join", json={"data": data, "fn_index": fn_index, "session_hash": session,
                                                         "event_data": None, "trigger_id": None}, timeout=30)

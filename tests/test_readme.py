@@ -226,7 +226,7 @@ def test_readme_presets_and_methods_are_real():
             parsed = [x.name for x in parse_methods(m.group(1), offline.drafter_names, models)]
             assert parsed == shown, (shown, parsed)
             main_table = readme().split("## Benchmarks", 1)[1].split("\n### ", 1)[0]  # the first table of the section
-            bench_rows = [r.strip("* ") for r in re.findall(r"^\| (\**[\w:.-]+\**) \| [\d.]+x", main_table, re.M)]
+            bench_rows = [r.strip("* ") for r in re.findall(r"^\| (\**[\w:.@+-]+\**) \| [\d.]+x", main_table, re.M)]
             assert bench_rows == shown, f"the benchmark table's methods {bench_rows} vs the command's {shown}"
             break
     else:
