@@ -144,8 +144,8 @@ def legend_html(colors: Mapping[str, str], used: Iterable[str] | None = None) ->
     return '<div class="tok-legend" aria-label="Legend">' + "".join(chips) + "</div>"
 
 
-def _stream_open(colors: Mapping[str, str], legend: bool, placeholder: str) -> str:
-    head = legend_html(colors) if legend else ""
+def _stream_open(colors: Mapping[str, str], legend: bool, placeholder: str, used: Iterable[str] | None = None) -> str:
+    head = legend_html(colors, used) if legend else ""
     # tok-stream scrolls and keeps its end in view (CSS: column-reverse); tok-flow holds the spans.
     return (f'<div class="tok-view">{head}<div class="tok-stream" tabindex="0" role="region" '
             f'aria-label="Generated tokens, coloured by drafter"><div class="tok-flow" data-empty="{_esc(placeholder)}">')
@@ -414,7 +414,8 @@ class LiveView:
         self.rounds: list[RoundEvent] = []
         self.summary: Summary | None = None
         self.engine_s = 0.0  # the engine's own clock at its latest event
-        self._html = _stream_open(self.colors, True, placeholder)
+        # The legend names this request's arms only: ten chips with their kinds wrap to an extra line.
+        self._html = _stream_open(self.colors, True, placeholder, used=drafters)
         self._text: list[str] = []
         self._x: list[int] = []
         self._probs: dict[str, list[float]] = {}
