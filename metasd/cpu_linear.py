@@ -84,9 +84,12 @@ class PackedLinear(nn.Module):
         return f"in_features={self.in_features}, out_features={self.out_features}, packed=oneDNN"
 
 
-def _linears(model: nn.Module) -> list[tuple[nn.Module, str, nn.Linear]]:
+def _children(model: nn.Module, plain: bool) -> list[tuple[nn.Module, str, nn.Module]]:
+    """(parent, attribute, layer) for every plain `nn.Linear` (plain=True) or every `PackedLinear`."""
+    def wanted(m: nn.Module) -> bool:
+        return type(m) is nn.Linear if plain else isinstance(m, PackedLinear)
     return [(parent, name, child) for parent in model.modules() for name, child in parent.named_children()
-            if type(child) is nn.Linear]
+            if wanted(child)]
 
 
 def _agrees(linear: nn.Linear, reorder: Callable, op: Callable) -> bool:
@@ -116,7 +119,7 @@ def pack_linears(model: nn.Module, progress: Callable[[str], None] | None = None
     Models on other devices or dtypes, a torch without the op, or a probe that disagrees leave the
     model unchanged (0). Packing costs one extra copy of the weights (the originals stay).
     """
-    found = _linears(model)
+    found = _children(model, plain=True)
     if not found or not enabled():
         return 0
     first = found[0][2]
@@ -134,11 +137,15 @@ def pack_linears(model: nn.Module, progress: Callable[[str], None] | None = None
 
 def unpack_linears(model: nn.Module) -> int:
     """Undo `pack_linears` in place (same parameters, torch's default kernels); return how many."""
-    found = [(parent, name, child) for parent in model.modules() for name, child in parent.named_children()
-             if isinstance(child, PackedLinear)]
+    found = _children(model, plain=False)
     for parent, name, child in found:
         setattr(parent, name, child.plain())
     return len(found)
+
+
+def packed_count(model: nn.Module) -> int:
+    """How many of this model's linear layers are packed."""
+    return sum(isinstance(m, PackedLinear) for m in model.modules())
 
 
 def is_packed(model: nn.Module) -> bool:

@@ -29,7 +29,7 @@ from transformers import (
     PreTrainedTokenizerBase,
 )
 
-from metasd.cpu_linear import PackedLinear, pack_linears
+from metasd.cpu_linear import pack_linears, packed_count
 from metasd.drafters import Drafter, LayerSkipDrafter, ModelDrafter, PromptLookup, TokenRecycling, layer_skip_view
 from metasd.presets import DrafterSpec, Preset, get_preset
 from metasd.retrieval import make_retrieval
@@ -375,7 +375,7 @@ def load_bundle(preset: str | Preset = "offline", device: str | None = None, dty
     target = load_causal_lm(source, dev, dt)
     tokenizer = AutoTokenizer.from_pretrained(source)
     models = build_drafter_models(target, list(p.drafters), dev, dt, progress)
-    packed = sum(isinstance(m, PackedLinear) for m in target.modules())
+    packed = packed_count(target)
     if packed:
         progress(f"[metasd] {packed} linear layers of the target packed for oneDNN (metasd/cpu_linear.py)")
     progress(f"[metasd] preset {p.name!r} ready in {time.perf_counter() - t0:.1f} s")
