@@ -236,8 +236,14 @@ class Request:
         self.regret = 0.0
         self.chosen_scored = 0.0  # full information: expected tokens of the arms actually pulled
         self.stop_reason = "max_new_tokens"
-        self.prefill(prompt_ids)
-        self.prefill_s = time.perf_counter() - self.t_start
+        self.prefill_s = 0.0  # the prompt's pass runs with the first round (start): in the thread that drives us
+
+    def start(self) -> None:
+        """The prompt's prefill. Deferred from the constructor so that it runs in the thread that consumes
+        the events (the page's engine worker, with its torch threads), not in the one that validated."""
+        t = time.perf_counter()
+        self.prefill(list(self.ids))  # a copy: drafters may keep it, self.ids grows
+        self.prefill_s = time.perf_counter() - t
 
     def start_from_priors(self) -> Priors | None:
         """Seed the policy with the preset's informed priors for this reward. None when there are none to
@@ -471,7 +477,8 @@ class Request:
 
 @torch.inference_mode()
 def _rounds(req: Request, stop: StopSignal, inspect: Inspect | None) -> Iterator[Event]:
-    """The round loop: pick an arm, draft, verify, keep what passed, score, learn, emit."""
+    """The prefill, then the round loop: pick an arm, draft, verify, keep what passed, score, learn, emit."""
+    req.start()
     while not req.done:
         if _stopped(stop):
             req.stop_reason = "stopped"

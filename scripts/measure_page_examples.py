@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import math
+import os
 import re
 import sys
 from pathlib import Path
@@ -66,6 +67,7 @@ def main() -> None:
     chosen.sort(key=lambda e: e["question_id"] != opening)
     env = scrubbed_env()
     env.pop("OMP_NUM_THREADS")
+    env.update({k: v for k, v in os.environ.items() if k.startswith("METASD_")})  # e.g. METASD_FRAME_FPS to compare
     port = free_port()
     speeds = []
     with started([sys.executable, "app.py", "--port", str(port)], env, port) as served, sync_playwright() as p:

@@ -186,3 +186,46 @@ def test_fair_slots_serve_first_come_first_served():
     slots.release()
     with pytest.raises(RuntimeError):
         slots.release()
+
+
+def test_the_prompt_is_prefilled_by_the_engine_worker_not_by_the_caller(bundle):
+    """generate() only validates; the prompt's pass runs on the first round, in the worker that drives
+    the events (where the page sets its torch threads), so the page's first frame is not held back."""
+    callers: list[str] = []
+    hook = bundle.target.register_forward_pre_hook(lambda *_: callers.append(threading.current_thread().name))
+    try:
+        stop = threading.Event()
+        events = generate(bundle, PROMPT, chat_template=False, max_new_tokens=6, stop=stop, policy="round-robin")
+        assert callers == []  # nothing run yet
+        stream = EngineStream(events, stop)
+        try:
+            rounds = [item.event for batch, _ in stream.batches() for item in batch]
+        finally:
+            stream.close()
+    finally:
+        hook.remove()
+    assert isinstance(rounds[-1], Summary) and rounds[-1].new_tokens == 6
+    assert rounds[-1].prefill_s > 0
+    assert callers and set(callers) == {"metasd-engine"}
+
+
+def test_target_alone_is_timed_with_the_engine_workers_threading(bundle):
+    """The page's speed-up divides by the target alone: its prompt pass must get the prefill's threads and
+    every step after it the rounds' threads, exactly as the engine's worker does (metasd.streaming)."""
+    import torch
+    from transformers import LogitsProcessorList
+
+    from metasd.engine import target_greedy
+    from metasd.ui.bundles import _StepThreads
+
+    seen: list[int] = []
+    hook = bundle.target.register_forward_pre_hook(lambda *_: seen.append(torch.get_num_threads()))
+    before = torch.get_num_threads()
+    try:
+        torch.set_num_threads(2)
+        out = target_greedy(bundle, PROMPT, 5, logits_processor=LogitsProcessorList([_StepThreads(1)]))
+    finally:
+        hook.remove()
+        torch.set_num_threads(before)
+    assert out == target_greedy(bundle, PROMPT, 5)  # the processor hands the scores back unchanged
+    assert seen[0] == 2 and seen[1:] and set(seen[1:]) == {1}

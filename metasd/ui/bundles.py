@@ -9,13 +9,14 @@ import time
 from typing import Any
 
 import torch
+from transformers import LogitsProcessor, LogitsProcessorList
 
 from metasd.engine import encode_prompt, target_greedy
 from metasd.engine import run as engine_run
 from metasd.models import Bundle, load_bundle
 from metasd.presets import DEFAULT_PRESET, PRESETS
 from metasd.streaming import FairSlots
-from metasd.ui.config import GEN_CONCURRENCY, HAS_CUDA, TORCH_THREADS
+from metasd.ui.config import GEN_CONCURRENCY, HAS_CUDA, PREFILL_THREADS, TORCH_THREADS
 from metasd.ui.errors import refused
 from metasd.validation import InvalidInput
 
@@ -69,13 +70,30 @@ def drafters_of(name: str) -> list[str]:
     return get_bundle(name).drafter_names
 
 
+class _StepThreads(LogitsProcessor):
+    """Switches torch to the rounds' thread count once the prompt's pass is done (transformers calls
+    logits processors after every forward pass and hands the scores back unchanged here)."""
+
+    def __init__(self, threads: int) -> None:
+        self.threads, self.switched = threads, False
+
+    def __call__(self, input_ids: torch.LongTensor, scores: torch.FloatTensor) -> torch.FloatTensor:
+        if not self.switched:
+            torch.set_num_threads(self.threads)
+            self.switched = True
+        return scores
+
+
 def measure_target(bundle: Bundle, prompt: str, n: int) -> tuple[list[int], float]:
-    """The target alone, timed under the same torch threading as the engine's worker (a fair ratio)."""
+    """The target alone, timed under the engine worker's torch threading (a fair ratio): the prompt's
+    pass with PREFILL_THREADS, every step after it with TORCH_THREADS (metasd.streaming.EngineStream)."""
+    extra: dict[str, Any] = {}
     if not HAS_CUDA:
-        torch.set_num_threads(TORCH_THREADS)
+        torch.set_num_threads(PREFILL_THREADS)
+        extra["logits_processor"] = LogitsProcessorList([_StepThreads(TORCH_THREADS)])
     ids = encode_prompt(bundle, prompt, True)
     with MODEL.hold():
         t = time.perf_counter()
-        out = target_greedy(bundle, ids, n)
+        out = target_greedy(bundle, ids, n, **extra)
         return out, time.perf_counter() - t
 
