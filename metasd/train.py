@@ -236,20 +236,23 @@ def fit(params: list[torch.nn.Parameter], batch_loss: Callable[[], tuple[torch.T
     and per-label top-1 agreement. Returns the run's record (steps done, time, first/final loss, agreement)."""
     opt = torch.optim.AdamW(params, lr=lr, betas=(0.9, 0.95), weight_decay=0.0)
 
-    def lr_at(step: int) -> float:
+    def lr_at(step: int, elapsed: float) -> float:
         if step < warmup:
             return lr * (step + 1) / warmup
         t = (step - warmup) / max(1, steps - warmup)
-        return lr * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * t)))
+        if budget_s:  # a time budget that ends the run early still ends it on the low learning rate
+            t = max(t, elapsed / budget_s)
+        return lr * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(1.0, t))))
 
     history: list[tuple[float, float]] = []
     t0 = time.perf_counter()
     bar = tqdm(range(steps), desc=desc, unit="step", dynamic_ncols=True, file=sys.stderr)
     for step in bar:
-        if budget_s and time.perf_counter() - t0 > budget_s:
+        elapsed = time.perf_counter() - t0
+        if budget_s and elapsed > budget_s:
             break
         for g in opt.param_groups:
-            g["lr"] = lr_at(step)
+            g["lr"] = lr_at(step, elapsed)
         loss, agree = batch_loss()
         opt.zero_grad(set_to_none=True)
         loss.backward()
@@ -461,6 +464,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--data-cache", default="", help="save/reuse the generated examples here (a .pt file)")
     ap.add_argument("--unroll", type=int, default=3, help="white-box: training-time-test steps per position")
+    ap.add_argument("--resume", default="",
+                    help="white-box: continue training this head file (its draft vocabulary and layers) instead of a fresh one")
     ap.add_argument("--budget-min", type=float, default=0.0,
                     help="white-box: stop training after this many minutes (0: run every step)")
     a = ap.parse_args(argv)

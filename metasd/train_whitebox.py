@@ -186,7 +186,7 @@ def run_white_box(a, bundle, train_ex: list[Example], eval_ex: list[Example], ge
     import json
 
     from metasd.train import draft_vocabulary
-    from metasd.whitebox import HeadConfig, build_head, load_head, save_head
+    from metasd.whitebox import HeadConfig, build_head, load_head, read_head_info, save_head
 
     target = bundle.target
     c = HeadConfig.from_target(target.config)
@@ -194,18 +194,30 @@ def run_white_box(a, bundle, train_ex: list[Example], eval_ex: list[Example], ge
     train = with_features(target, train_ex, c.feature_layers, desc=f"{a.domain}: target features")
     held = with_features(target, eval_ex, c.feature_layers, desc=f"{a.domain}: held-out features")
     feat_s = time.perf_counter() - t0
-    vocab = draft_vocabulary(train_ex, a.draft_vocab or 4096, bundle.target_vocab)
-    # The head reads the top of the target: its layer starts as the target's last one.
-    head = build_head(target, c, vocab, init_layer=target.config.num_hidden_layers - 1)
+    earlier: dict = {}
+    init_layer = target.config.num_hidden_layers - 1
+    if a.resume:  # more steps on a shipped head: its weights and draft vocabulary, its record kept in the card
+        head = load_head(a.resume, target, target.device, torch.float32)
+        rc, earlier = read_head_info(a.resume)
+        if tuple(rc["feature_layers"]) != tuple(c.feature_layers):
+            raise SystemExit(f"{a.resume} reads layers {rc['feature_layers']}, this target's heads {list(c.feature_layers)}")
+        vocab, init_layer = head.lm_head.ids, earlier.get("init_layer", init_layer)
+    else:
+        vocab = draft_vocabulary(train_ex, a.draft_vocab or 4096, bundle.target_vocab)
+        # The head reads the top of the target: its layer starts as the target's last one.
+        head = build_head(target, c, vocab, init_layer=init_layer)
     before = evaluate(head, held, a.unroll)
     stats = train_head(head, train, a.steps, a.unroll, a.batch_size, a.lr, seed=a.seed, budget_s=60 * a.budget_min,
                        desc=f"{a.domain}: white-box")
     info = {"kind": "white-box", "domain": a.domain, "target": bundle.preset.target,
-            "feature_layers": list(c.feature_layers), "init_layer": target.config.num_hidden_layers - 1,
+            "feature_layers": list(c.feature_layers), "init_layer": init_layer,
             "train_sequences": len(train), "train_labels": sum(len(x.pos) for x in train), "prompts": a.prompts,
             "text_chunks": chunks, "max_new_tokens": a.max_new_tokens, "draft_vocab": int(vocab.numel()),
             "topk": a.topk, "seed": a.seed, "data_seconds": round(gen_s, 1), "feature_seconds": round(feat_s, 1),
             **stats, "eval_sequences": len(held), "eval_before": before}
+    if earlier:
+        info["earlier"] = {k: earlier.get(k) for k in ("steps", "train_seconds", "batch_size", "lr", "final_loss", "eval")}
+        info["earlier"]["steps"] = earlier.get("steps", 0) + earlier.get("earlier", {}).get("steps", 0)
     save_head(head, a.out, info)
     # Score what ships: the fp16 file loaded back the way the preset loads it.
     loaded = load_head(a.out, target, target.device, torch.float32)
@@ -257,6 +269,9 @@ def write_head_card(path) -> None:
         f"- {info.get('steps')} AdamW steps (of {info.get('planned_steps')} planned), batch {info.get('batch_size')}, "
         f"lr {info.get('lr')}, training-time test over {info.get('unroll')} steps, {info.get('train_seconds')} s "
         "on a 2-core CPU",
+        *([f"- continued (`--resume`) from the same head after {info['earlier']['steps']} earlier steps "
+           f"({info['earlier'].get('train_seconds')} s in its last run); \"at initialisation\" below is this run's start"]
+          if info.get("earlier") else []),
         f"- loss: first {info.get('first_loss')}, final {info.get('final_loss')} (train step-1 agreement "
         f"{info.get('final_train_agreement')})",
         f"- held-out ({info.get('eval_sequences')} unseen prompts of the domain), top-1 agreement with the target "

@@ -24,6 +24,7 @@ from metasd.models import load_bundle
 from metasd.train import answer_examples, encode_chat
 from metasd.train_whitebox import evaluate, with_features
 from metasd.validation import first_per_category, parse_prompt_set
+from metasd.whitebox import load_head
 
 # Which Spec-Bench categories belong to each head's domain.
 DOMAINS = {"code": ["coding"], "math": ["math", "math_reasoning"],
@@ -38,13 +39,19 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--unroll", type=int, default=3)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--out", default="eval-heads")
+    ap.add_argument("--head", action="append", default=[], metavar="FILE",
+                    help="also score this head file (e.g. one trained with --resume before it replaces a shipped one)")
+    ap.add_argument("--categories", default="", help="comma-separated Spec-Bench categories (default: every domain's)")
     a = ap.parse_args(argv)
     torch.set_num_threads(a.threads)
     bundle = load_bundle("offline", progress=lambda m: print(m, file=sys.stderr))
     heads = {n: bundle.models[n] for n, s in bundle.specs.items() if s.kind == "white-box"}
+    for f in a.head:
+        heads[f"{Path(f).stem} ({Path(f).parent.name})"] = load_head(f, bundle.target, bundle.device, torch.float32)
     rows = parse_prompt_set(Path(a.prompts).read_bytes(), max_bytes=1 << 26, max_lines=1 << 20)
     results: dict[str, dict] = {}
-    for cat in sorted({c for cats in DOMAINS.values() for c in cats}):
+    wanted = [c for c in a.categories.split(",") if c]
+    for cat in sorted({c for cats in DOMAINS.values() for c in cats if not wanted or c in wanted}):
         chosen = first_per_category([r for r in rows if r["category"] == cat], a.per_category)
         if not chosen:
             continue

@@ -77,6 +77,11 @@ def test_page_streams_coloured_tokens_and_plots(page):
     # Pick the first translation example from the list (each example is named by its task): it fills the prompt box.
     page.locator("#examples").get_by_text("Translation \u00b7 Translate into French", exact=False).first.click()
     expect(page.locator("#prompt textarea")).to_have_value(re.compile("Translate into French"), timeout=10_000)
+    # At projector size the list sits below the fold (the click scrolled down to it, as a person does):
+    # picking an example brings the prompt, Run and the answer's box back into view together.
+    page.wait_for_function("""() => ['prompt', 'run', 'stop', 'tokens'].every(id => {
+        const r = document.getElementById(id).getBoundingClientRect();
+        return r.top >= 0 && r.bottom <= window.innerHeight; })""", timeout=5_000)
 
     page.locator("#run").click()
     # Run says at once that it runs; Stop is live only now.

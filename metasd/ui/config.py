@@ -1,7 +1,7 @@
 """What the machine and the operator decide, read once at import: the GPU (and ZeroGPU), how many
 generations run at once, the limits of a request, the page's defaults and its examples.
 
-Environment: $METASD_CONCURRENCY, $METASD_QUEUE_SIZE, $METASD_TORCH_THREADS, $METASD_FRAME_FPS,
+Environment: $METASD_CONCURRENCY, $METASD_QUEUE_SIZE, $METASD_TORCH_THREADS, $METASD_FRAME_FPS, $METASD_PLOT_INTERVAL,
 $METASD_PRESET (see bundles.default_preset) and $METASD_PLUGINS.
 """
 
@@ -55,7 +55,9 @@ PREFILL_THREADS = max(TORCH_THREADS, (os.cpu_count() or 2) // GEN_CONCURRENCY)
 MAX_NEW_TOKENS = 1024 if HAS_CUDA else 512
 COMPARE_MAX_NEW_TOKENS = 256
 COMPARE_MAX_PROMPTS = 40 if HAS_CUDA else 21
-PLOT_INTERVAL_S = 0.5  # figures and the table refresh at most twice a second; the tokens up to FRAME_FPS
+# While a run streams, the figures and the table refresh at most every PLOT_INTERVAL_S (the tokens up to
+# FRAME_FPS times a second): redrawing the two plotly figures is most of what a browser does during a run.
+PLOT_INTERVAL_S = float(os.environ.get("METASD_PLOT_INTERVAL", "1.0"))  # 0.5 s cost a browser twice the plotly time
 FRAME_FPS = float(os.environ.get("METASD_FRAME_FPS", "8"))  # frames a second at most (the token view)
 
 EXAMPLES: list[dict[str, Any]] = json.loads((ASSETS / "examples.json").read_text(encoding="utf-8"))

@@ -68,12 +68,21 @@ REPLAY_INTRO = ("Replay a recorded run at any speed, without a model: prepare ru
 # Keyboard: Ctrl+Enter (Cmd+Enter) runs, Esc stops. Captured before the text box sees the keys, so a
 # Ctrl+Enter in the prompt does not also submit it a second time.
 HEAD = """<script>
-// On a narrow screen the answer sits below the settings: bring it into view when a run starts.
-const showAnswer = () => setTimeout(() => {
-  const t = document.getElementById("tokens");
-  if (t && t.getBoundingClientRect().top > window.innerHeight * 0.6) t.scrollIntoView({behavior: "smooth", block: "start"});
+// Bring an element to the top of the window when it is out of sight: above it (a projector-sized window
+// scrolled down to the examples) or low in it (a narrow screen, where the answer sits below the settings).
+const bringIntoView = (id) => setTimeout(() => {
+  const t = document.getElementById(id);
+  if (!t) return;
+  const top = t.getBoundingClientRect().top;
+  if (top < 0 || top > window.innerHeight * 0.6) t.scrollIntoView({behavior: "smooth", block: "start"});
 }, 50);
-document.addEventListener("click", (e) => { if (e.target.closest && e.target.closest("#run")) showAnswer(); }, true);
+const showAnswer = () => bringIntoView("tokens");
+document.addEventListener("click", (e) => {
+  if (!e.target.closest) return;
+  if (e.target.closest("#run")) showAnswer();
+  // An example fills the prompt: show it (and Run beside the answer) rather than the list below them.
+  else if (e.target.closest("#examples") && !e.target.closest(".paginate")) bringIntoView("prompt");
+}, true);
 document.addEventListener("keydown", (e) => {
   const click = (id) => {
     const b = document.getElementById(id);
