@@ -1,10 +1,10 @@
 """The page against the engine alone, side by side in one run: does streaming hold the engine back?
 
 For each prompt (interleaved, fastest of --repeats), the engine alone (`metasd.generate`, consumed in
-this process) and the app's `/generate` over HTTP exactly as a browser receives it (the raw event
-stream): tokens/s, time to the first visible token, frames drawn, rounds, and bytes streamed. Then
-the same frame loop on a tiny random model whose rounds take a few milliseconds (like a GPU), to
-show that frames stay bounded while many rounds go by.
+this process with the page's torch threads: the prefill's, then the rounds') and the app's `/generate`
+over HTTP exactly as a browser receives it (the raw event stream): tokens/s, time to the first visible
+token, frames drawn, rounds, and bytes streamed. Then the same frame loop on a tiny random model whose
+rounds take a few milliseconds (like a GPU), to show that frames stay bounded while many rounds go by.
 
     .venv/bin/python scripts/measure_streaming.py [--repeats 2] [--max-new-tokens 128] [--long 512]
 
@@ -39,12 +39,19 @@ PROMPTS = {  # the page's opening example first, then other kinds of prompt from
 }
 
 
-def via_engine(bundle, prompt: str, n: int, policy: str) -> dict:
-    """The engine alone as the CLI runs it: this process's main thread, torch's default threads."""
+def via_engine(bundle, prompt: str, n: int, policy: str, threads: tuple[int, int] | None = None) -> dict:
+    """The engine alone in this process's main thread; with `threads` = (prefill, rounds), torch's threads as
+    the page's worker sets them (metasd.streaming.EngineStream), else torch's default threads (as the CLI)."""
+    import torch
+
+    if threads:
+        torch.set_num_threads(threads[0])
     t0 = time.perf_counter()
     first = None
     summary = None
     for ev in metasd.generate(bundle, prompt, max_new_tokens=n, policy=policy):
+        if threads:
+            torch.set_num_threads(threads[1])
         if isinstance(ev, Summary):
             summary = ev
         elif first is None and ev.emitted:
@@ -130,6 +137,8 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=2)
     ap.add_argument("--max-new-tokens", type=int, default=128)
     ap.add_argument("--long", type=int, default=512, help="also one long answer, for the bytes streamed (0: skip)")
+    ap.add_argument("--default-threads", action="store_true",
+                    help="the engine alone with torch's default threads (as the CLI) instead of the page's")
     a = ap.parse_args()
     import app
     from tests.test_start import free_port, scrubbed_env, started
@@ -154,7 +163,8 @@ def report(url: str, fn_index: int, bundle, app, a: argparse.Namespace) -> None:
         via_engine(bundle, prompt, 8, app.PAGE_POLICY)  # warm
         eng, page = [], []
         for _ in range(a.repeats):
-            eng.append(via_engine(bundle, prompt, a.max_new_tokens, app.PAGE_POLICY))
+            eng.append(via_engine(bundle, prompt, a.max_new_tokens, app.PAGE_POLICY,
+                                  None if a.default_threads else (app.PREFILL_THREADS, app.TORCH_THREADS)))
             page.append(via_page(url, fn_index, bundle.default_drafters, prompt, a.max_new_tokens, app.PAGE_POLICY))
         e = max(eng, key=lambda r: r["tps"])
         p = min(page, key=lambda r: r["wall"])
