@@ -35,6 +35,25 @@ def test_packing_replaces_every_linear_and_keeps_the_products():
     assert sum(p.numel() for p in packed.parameters()) == sum(p.numel() for p in plain.parameters())
 
 
+def test_two_rows_are_padded_to_three_and_come_back_as_two(monkeypatch):
+    """A verification of one drafted token feeds two ids: computed as three rows (the third zeros, dropped),
+    each real row exactly what the unpadded op gives, for any leading shape."""
+    layer = PackedLinear(nn.Linear(64, 48, bias=True), *cpu_linear._packed_op())
+    x = torch.randn(1, 2, 64, generator=torch.Generator().manual_seed(5))
+    seen: list[int] = []
+    op = layer._op
+    monkeypatch.setattr(layer, "_op", lambda inp, *a: (seen.append(inp.numel() // inp.shape[-1]), op(inp, *a))[1])
+    with torch.no_grad():
+        padded = layer(x)
+        monkeypatch.setattr(cpu_linear, "PAD_ROWS", {})
+        plain = layer(x)
+        flat = layer(x[0])
+    assert seen == [3, 2, 2]  # padded once, then (padding off) as given
+    assert padded.shape == plain.shape == (1, 2, 48) and flat.shape == (2, 48)
+    assert torch.allclose(padded, plain, rtol=1e-5, atol=1e-6)
+    assert torch.allclose(padded, nn.functional.linear(x, layer.weight, layer.bias), rtol=1e-4, atol=1e-5)
+
+
 def test_tied_head_stays_tied_and_gradients_use_the_plain_product():
     model = tiny_llama(vocab=64, hidden=32, seed=1)
     model.lm_head.weight = model.model.embed_tokens.weight  # tied, as SmolLM2's
