@@ -470,7 +470,14 @@ def main(argv: list[str] | None = None) -> int:
                     help="white-box: stop training after this many minutes (0: run every step)")
     a = ap.parse_args(argv)
     if a.card:
-        print(write_card(a.card, a.eval_dir))
+        from safetensors import safe_open
+
+        from metasd.train_whitebox import write_head_card
+        from metasd.whitebox import WHITEBOX_FORMAT
+
+        with safe_open(a.card, framework="pt") as f:
+            head = (f.metadata() or {}).get("format") == WHITEBOX_FORMAT
+        print(write_head_card(a.card) if head else write_card(a.card, a.eval_dir))
         return 0
     if not a.domain or not a.out:
         ap.error("--domain and --out are required to train")

@@ -20,6 +20,7 @@ import random
 import sys
 import time
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 from tqdm import tqdm
@@ -228,11 +229,10 @@ def run_white_box(a, bundle, train_ex: list[Example], eval_ex: list[Example], ge
     return 0
 
 
-def write_head_card(path) -> None:
+def write_head_card(path) -> Path:
     """NAME.md beside a head's file, written from the file (size, sha256, config, training record)."""
     import hashlib
     import json
-    from pathlib import Path
 
     from safetensors import safe_open
 
@@ -281,3 +281,4 @@ def write_head_card(path) -> None:
         "Reproduce: see the command in assets/drafters/README.md.", "",
     ]
     path.with_suffix(".md").write_text("\n".join(lines), encoding="utf-8")
+    return path.with_suffix(".md")
