@@ -18,6 +18,7 @@ from typing import Any
 os.environ["GRADIO_ANALYTICS_ENABLED"] = "False"
 
 import gradio as gr  # noqa: E402
+import torch  # noqa: E402
 
 from metasd.models import cache_root  # noqa: E402
 from metasd.ui.bundles import MODEL, available_presets, default_preset, drafters_of, get_bundle  # noqa: E402
@@ -129,6 +130,11 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--port", type=int, default=None, help="port (default $PORT or 7860)")
     a = ap.parse_args(argv)
     logging.basicConfig(level=logging.INFO)
+    if not HAS_CUDA:
+        # The main thread stays out of torch's thread pools: loading with one thread leaves no OpenMP team
+        # behind it, and each generation's worker then gets its threads without contention
+        # (metasd.streaming.in_fresh_thread).
+        torch.set_num_threads(1)
     get_bundle(default_preset())  # models load once, at start-up
     launch(host=a.host, port=a.port)
 

@@ -22,15 +22,17 @@ import queue
 import threading
 import time
 from collections import deque
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
+from typing import Any, TypeVar
 
 import torch
 
 from metasd.events import Event, Summary
 
 DEFAULT_MAX_FPS = 8.0
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -144,6 +146,34 @@ class EngineStream:
     @property
     def alive(self) -> bool:
         return self._thread.is_alive()
+
+
+def in_fresh_thread(fn: Callable[[], T], threads: int | None = None, name: str = "metasd-model") -> T:
+    """`fn()` run in a new thread (with `threads` torch threads, where given); its result, or its exception.
+
+    On a CPU the server runs model work only in threads that end with it. OpenMP keeps a team of threads
+    for every thread that ran a parallel region, and once more team threads exist than cores it stops
+    spin-waiting between regions, so every one of the hundreds of regions in a forward pass waits to be
+    woken. Measured on the offline preset (scripts/measure_threads.py): a generation with two torch
+    threads in a worker ran at 26-28 tokens/s while the main thread's team from loading the model was
+    alive, and at 32-36 without it.
+    """
+    box: dict[str, Any] = {}
+
+    def run() -> None:
+        if threads:
+            torch.set_num_threads(threads)
+        try:
+            box["out"] = fn()
+        except BaseException as e:  # noqa: BLE001  (re-raised in the caller)
+            box["err"] = e
+
+    t = threading.Thread(target=run, name=name, daemon=True)
+    t.start()
+    t.join()
+    if "err" in box:
+        raise box["err"]
+    return box["out"]
 
 
 class FairSlots:

@@ -229,3 +229,21 @@ def test_target_alone_is_timed_with_the_engine_workers_threading(bundle):
         torch.set_num_threads(before)
     assert out == target_greedy(bundle, PROMPT, 5)  # the processor hands the scores back unchanged
     assert seen[0] == 2 and seen[1:] and set(seen[1:]) == {1}
+
+
+def test_in_fresh_thread_returns_raises_and_keeps_the_callers_threads():
+    """Model work on a CPU runs in a thread that ends with it (no OpenMP team outlives its request)."""
+    import torch
+
+    from metasd.streaming import in_fresh_thread
+
+    before = torch.get_num_threads()
+    seen = in_fresh_thread(lambda: (threading.current_thread().name, torch.get_num_threads()), threads=1, name="w")
+    assert seen == ("w", 1) and torch.get_num_threads() == before
+
+    def boom() -> None:
+        raise ValueError("from the worker")
+
+    with pytest.raises(ValueError, match="from the worker"):
+        in_fresh_thread(boom)
+    assert not [t for t in threading.enumerate() if t.name in ("w", "metasd-model")]  # each ended with its call

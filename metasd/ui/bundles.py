@@ -15,7 +15,7 @@ from metasd.engine import encode_prompt, target_greedy
 from metasd.engine import run as engine_run
 from metasd.models import Bundle, load_bundle
 from metasd.presets import DEFAULT_PRESET, PRESETS
-from metasd.streaming import FairSlots
+from metasd.streaming import FairSlots, in_fresh_thread
 from metasd.ui.config import GEN_CONCURRENCY, HAS_CUDA, PREFILL_THREADS, TORCH_THREADS
 from metasd.ui.errors import refused
 from metasd.validation import InvalidInput
@@ -89,11 +89,14 @@ def measure_target(bundle: Bundle, prompt: str, n: int) -> tuple[list[int], floa
     pass with PREFILL_THREADS, every step after it with TORCH_THREADS (metasd.streaming.EngineStream)."""
     extra: dict[str, Any] = {}
     if not HAS_CUDA:
-        torch.set_num_threads(PREFILL_THREADS)
         extra["logits_processor"] = LogitsProcessorList([_StepThreads(TORCH_THREADS)])
     ids = encode_prompt(bundle, prompt, True)
-    with MODEL.hold():
+
+    def timed() -> tuple[list[int], float]:
         t = time.perf_counter()
         out = target_greedy(bundle, ids, n, **extra)
         return out, time.perf_counter() - t
+
+    with MODEL.hold():  # in a thread of its own, as the engine's worker (metasd.streaming.in_fresh_thread)
+        return in_fresh_thread(timed, None if HAS_CUDA else PREFILL_THREADS, name="metasd-target-alone")
 

@@ -17,8 +17,9 @@ from metasd.engine import run as engine_run
 from metasd.models import Bundle
 from metasd.policies import single_drafter, single_method
 from metasd.spaces import MAX_S
+from metasd.streaming import in_fresh_thread
 from metasd.ui.bundles import MODEL, bundle_for, measure_target
-from metasd.ui.config import COMPARE_MAX_NEW_TOKENS, COMPARE_MAX_PROMPTS, EXAMPLES, gpu
+from metasd.ui.config import COMPARE_MAX_NEW_TOKENS, COMPARE_MAX_PROMPTS, EXAMPLES, HAS_CUDA, TORCH_THREADS, gpu
 from metasd.ui.errors import failure, refused
 from metasd.ui.files import private_stem, prune_tmp, read_upload
 from metasd.ui.session import STOPS, Cancelled, compare_key
@@ -61,9 +62,11 @@ def _method_runs(bundle: Bundle, prompt: str, methods: list[str], max_new_tokens
     for i, m in enumerate(methods, 1):
         step(i, m)
         alone = single_drafter(m)
-        with MODEL.hold():
-            out[m] = engine_run(bundle, prompt, drafters=None if alone is None else [alone], policy=m,
-                                max_new_tokens=max_new_tokens)
+        with MODEL.hold():  # in a thread of its own with the page's torch threads (metasd.streaming.in_fresh_thread)
+            out[m] = in_fresh_thread(
+                lambda m=m, alone=alone: engine_run(bundle, prompt, drafters=None if alone is None else [alone],
+                                                    policy=m, max_new_tokens=max_new_tokens),
+                None if HAS_CUDA else TORCH_THREADS, name="metasd-compare")
     return out, base_tps, ids
 
 
