@@ -45,10 +45,12 @@ HAS_CUDA = torch.cuda.is_available()
 # Generations that may run at once (each one holds the model): 1 on a CPU, 2 on a GPU.
 GEN_CONCURRENCY = int(os.environ.get("METASD_CONCURRENCY", "2" if HAS_CUDA else "1"))
 QUEUE_SIZE = int(os.environ.get("METASD_QUEUE_SIZE", "32"))
-# torch threads per generation on a CPU. Measured on the offline preset (2 cores): one thread runs the
-# engine as fast as two do from the main thread (11.8 vs 12.0 tokens/s), while two threads from a
-# worker thread, where the server runs every request, fall to 10.0. One thread also leaves a core to
-# the web server and the renderer. Larger machines get their cores shared out between generations.
+# torch threads per generation on a CPU. Measured on the offline preset (2 cores, scripts/measure_threads.py
+# and measure_page_examples.py): two threads in a worker run the engine at 32-36 tokens/s against 22-26 with
+# one, but only without a browser on the same machine; with one there (a teacher's `make run`), the streamed
+# run lost more than the target alone and the page showed 0.62-1.17x instead of 0.83-1.54x. So one thread
+# per generation, the other core left to the server and the browser, unless $METASD_TORCH_THREADS says
+# otherwise (a Space, whose browsers are elsewhere, may set 2). Larger machines share their cores out.
 TORCH_THREADS = int(os.environ.get("METASD_TORCH_THREADS", "0")) or max(1, (os.cpu_count() or 2) // (GEN_CONCURRENCY + 1))
 # The prompt's prefill is one large batch, where more threads do pay: every core's share for it.
 PREFILL_THREADS = max(TORCH_THREADS, (os.cpu_count() or 2) // GEN_CONCURRENCY)
