@@ -19,8 +19,11 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-# "worker, main at 1": the main thread loads the model with one torch thread (no OpenMP team of its own).
+# "worker-lean-main": the main thread loads the model with one torch thread (no OpenMP team of its own),
+# as the server does (app.main).
 CONFIGS = [("main", 1), ("main", 2), ("worker", 1), ("worker", 2), ("worker-lean-main", 2)]
+LABELS = {"main": "main thread", "worker": "worker thread (the main thread loaded the model with 2)",
+          "worker-lean-main": "worker thread (the main thread loaded the model with 1, as the server now does)"}
 
 
 def child(where: str, threads: int, example: str, tokens: int) -> list[float]:
@@ -65,13 +68,13 @@ def main() -> None:
     if a.child:
         print(json.dumps(child(a.child[0], int(a.child[1]), a.example, a.tokens)))
         return
-    print(f"| where the engine runs | torch threads | tokens/s ({a.example}, 3 runs) |")
+    print("| where the engine runs | torch threads | tokens/s |")
     print("|---|---:|---|")
     for where, threads in CONFIGS:
         out = subprocess.run([sys.executable, __file__, "--example", a.example, "--tokens", str(a.tokens),
                               "--child", where, str(threads)], capture_output=True, text=True, cwd=ROOT, check=True)
         speeds = json.loads(out.stdout.strip().splitlines()[-1])
-        print(f"| {where} thread | {threads} | {' / '.join(f'{s:.1f}' for s in speeds)} |", flush=True)
+        print(f"| {LABELS[where]} | {threads} | {' / '.join(f'{s:.1f}' for s in speeds)} |", flush=True)
 
 
 if __name__ == "__main__":

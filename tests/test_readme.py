@@ -326,7 +326,8 @@ def test_priors_command(tmp_path):
 
 def test_train_help():
     cmds = commands_of(("metasd.train", None))
-    assert len(cmds) == 2, cmds  # the distilled drafters and the white-box heads
+    assert len(cmds) == 3, cmds  # the distilled drafters, the white-box heads, and continuing a head
+    assert any("--resume assets/drafters/" in c for c in cmds), cmds
     usage = help_text("metasd.train")
     assert "usage:" in usage
     for cmd in cmds:
@@ -335,7 +336,7 @@ def test_train_help():
             assert flag in usage, (flag, cmd)
             if flag in ("--domain", "--kind"):
                 assert value in usage, (value, cmd)
-        line = next(x for x in readme().splitlines() if cmd.split()[-1] in x and "metasd.train" in x)
+        line = next((x for x in readme().splitlines() if cmd.split()[-1] in x and "metasd.train" in x), "")
         for other in re.findall(r"also: ([\w, ]+)", line):
             for name in other.replace(" ", "").split(","):
                 assert name in usage, name
