@@ -510,8 +510,13 @@ def _rounds(req: Request, stop: StopSignal, inspect: Inspect | None) -> Iterator
 
 def run(bundle: Bundle, prompt: str | list[int], **kwargs: Any) -> tuple[list[RoundEvent], Summary]:
     """Consume a whole generation: its rounds and its summary."""
+    return collect(generate(bundle, prompt, **kwargs))
+
+
+def collect(events: Iterator[Event]) -> tuple[list[RoundEvent], Summary]:
+    """A generation's events, consumed: its rounds and its summary."""
     rounds: list[RoundEvent] = []
-    for ev in generate(bundle, prompt, **kwargs):
+    for ev in events:
         if isinstance(ev, Summary):
             return rounds, ev
         rounds.append(ev)

@@ -70,18 +70,10 @@ class EngineStream:
         self._thread.start()
 
     def _pump(self) -> None:
-        # Set in the thread that runs the model: OpenMP keeps this setting per calling thread. The first
-        # event (the prompt's prefill, one large batch) may use more threads than the rounds after it.
-        if self._prefill_threads:
-            torch.set_num_threads(self._prefill_threads)
         t0 = time.perf_counter()
-        first = True
         try:
-            for ev in self._events:
+            for ev in with_threads(self._events, self._prefill_threads, self._torch_threads):
                 self._queue.put(Timed(ev, time.perf_counter() - t0))
-                if first and self._torch_threads and self._torch_threads != self._prefill_threads:
-                    torch.set_num_threads(self._torch_threads)
-                first = False
         except BaseException as e:  # noqa: BLE001  (handed to the viewer, re-raised there)
             self._queue.put(e)
         finally:
@@ -146,6 +138,20 @@ class EngineStream:
     @property
     def alive(self) -> bool:
         return self._thread.is_alive()
+
+
+def with_threads(events: Iterator[Event], prefill: int | None, rounds: int | None) -> Iterator[Event]:
+    """The engine's events, with torch's threads set in the thread that consumes them (OpenMP keeps the
+    setting per calling thread): `prefill` threads until the first event (the prompt's pass, one large
+    batch, and the first round), `rounds` threads after it. None leaves torch's setting alone."""
+    if prefill:
+        torch.set_num_threads(prefill)
+    first = True
+    for ev in events:
+        yield ev
+        if first and rounds and rounds != prefill:
+            torch.set_num_threads(rounds)
+        first = False
 
 
 def in_fresh_thread(fn: Callable[[], T], threads: int | None = None, name: str = "metasd-model") -> T:

@@ -12,14 +12,13 @@ import gradio as gr
 import pandas as pd
 
 from metasd import viz
-from metasd.engine import generate
-from metasd.engine import run as engine_run
+from metasd.engine import collect, generate
 from metasd.models import Bundle
 from metasd.policies import single_drafter, single_method
 from metasd.spaces import MAX_S
-from metasd.streaming import in_fresh_thread
+from metasd.streaming import in_fresh_thread, with_threads
 from metasd.ui.bundles import MODEL, bundle_for, measure_target
-from metasd.ui.config import COMPARE_MAX_NEW_TOKENS, COMPARE_MAX_PROMPTS, EXAMPLES, HAS_CUDA, TORCH_THREADS, gpu
+from metasd.ui.config import COMPARE_MAX_NEW_TOKENS, COMPARE_MAX_PROMPTS, EXAMPLES, HAS_CUDA, PREFILL_THREADS, TORCH_THREADS, gpu
 from metasd.ui.errors import failure, refused
 from metasd.ui.files import private_stem, prune_tmp, read_upload
 from metasd.ui.session import STOPS, Cancelled, compare_key
@@ -37,6 +36,10 @@ def _checked(bundle: Bundle, prompt: Any, limit: int, **settings: Any) -> str:
 def _methods(bundle: Bundle, policy: str) -> list[str]:
     """What a comparison runs: each of the preset's drafters alone, then the bandit."""
     return [single_method(d) for d in bundle.drafter_names] + [policy]
+
+
+# torch threads (prefill, rounds) of a run, as the page's engine worker sets them (none on a GPU).
+THREADS = (None, None) if HAS_CUDA else (PREFILL_THREADS, TORCH_THREADS)
 
 
 def _method_runs(bundle: Bundle, prompt: str, methods: list[str], max_new_tokens: int,
@@ -62,11 +65,11 @@ def _method_runs(bundle: Bundle, prompt: str, methods: list[str], max_new_tokens
     for i, m in enumerate(methods, 1):
         step(i, m)
         alone = single_drafter(m)
-        with MODEL.hold():  # in a thread of its own with the page's torch threads (metasd.streaming.in_fresh_thread)
-            out[m] = in_fresh_thread(
-                lambda m=m, alone=alone: engine_run(bundle, prompt, drafters=None if alone is None else [alone],
-                                                    policy=m, max_new_tokens=max_new_tokens),
-                None if HAS_CUDA else TORCH_THREADS, name="metasd-compare")
+        # In a thread of its own with the engine worker's torch threads, as the target alone was timed.
+        events = generate(bundle, prompt, drafters=None if alone is None else [alone], policy=m,
+                          max_new_tokens=max_new_tokens)
+        with MODEL.hold():
+            out[m] = in_fresh_thread(lambda events=events: collect(with_threads(events, *THREADS)), name="metasd-compare")
     return out, base_tps, ids
 
 
