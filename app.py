@@ -2,7 +2,7 @@
 
 This file composes the page from one builder per tab (metasd/ui/tabs.py), gives it its theme, CSS and
 keyboard script, and serves it. Handlers and session state live in metasd/ui/ (its docstring maps it);
-every view is a pure function in metasd/viz.py (events -> HTML, figures, tables). The names that tests
+every view is a pure function in metasd/ui/viz.py (events -> HTML, figures, tables). The names that tests
 and scripts use (`app.generate_view`, `app.get_bundle`, `app.TMP`, ...) are re-exported here.
 
     python app.py            # http://127.0.0.1:7860 (0.0.0.0:$PORT where the host sets PORT / SPACE_ID)
@@ -20,7 +20,8 @@ os.environ["GRADIO_ANALYTICS_ENABLED"] = "False"
 import gradio as gr  # noqa: E402
 import torch  # noqa: E402
 
-from metasd.models import cache_root  # noqa: E402
+from metasd.core.validation import PROMPT_SET_MAX_BYTES  # noqa: E402
+from metasd.models.loading import cache_root  # noqa: E402
 from metasd.ui.bundles import MODEL, available_presets, default_preset, drafters_of, get_bundle  # noqa: E402
 from metasd.ui.compare import cancel_compare, compare_prompt, compare_set  # noqa: E402
 from metasd.ui.config import (  # noqa: E402
@@ -47,7 +48,6 @@ from metasd.ui.replay import gallery, open_link, replay_at, replay_rounds, repla
 from metasd.ui.session import STOPS, Cancelled, RunRecord  # noqa: E402
 from metasd.ui.tabs import build_compare_tab, build_generate_tab, build_playground_tab, build_replay_tab  # noqa: E402
 from metasd.ui.text import HEAD, HERO  # noqa: E402
-from metasd.validation import PROMPT_SET_MAX_BYTES  # noqa: E402
 
 # The stop registry's own dict and lock (never rebound): tests watch which runs are still going.
 _stops = STOPS.runs
@@ -133,7 +133,7 @@ def main(argv: list[str] | None = None) -> None:
     if not HAS_CUDA:
         # The main thread stays out of torch's thread pools: loading with one thread leaves no OpenMP team
         # behind it, and each generation's worker then gets its threads without contention
-        # (metasd.streaming.in_fresh_thread).
+        # (metasd.core.streaming.in_fresh_thread).
         torch.set_num_threads(1)
     get_bundle(default_preset())  # models load once, at start-up
     launch(host=a.host, port=a.port)

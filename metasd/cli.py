@@ -1,6 +1,6 @@
 """Command line: `python -m metasd generate | bench | drafters ...` (docs/DESIGN.md §3).
 
-Plugin drafters: the modules named in `METASD_PLUGINS` are imported first (metasd.registry)."""
+Plugin drafters: the modules named in `METASD_PLUGINS` are imported first (metasd.drafting.registry)."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import os
 import sys
 from typing import Any
 
-from metasd.presets import DEFAULT_PRESET, PRESETS
+from metasd.models.presets import DEFAULT_PRESET, PRESETS
 
 # A distinct terminal colour per drafter (cycled); the target's own tokens stay plain.
 _COLOURS = ["\033[38;5;39m", "\033[38;5;208m", "\033[38;5;41m", "\033[38;5;170m", "\033[38;5;220m", "\033[38;5;45m"]
@@ -54,9 +54,9 @@ def _render_round(ev: Any, colours: dict[str, str], show_rejected: bool) -> str:
 
 
 def cmd_generate(a: argparse.Namespace) -> int:
-    from metasd.engine import generate
-    from metasd.events import Summary
-    from metasd.models import load_bundle
+    from metasd.core.engine import generate
+    from metasd.core.events import Summary
+    from metasd.models.loading import load_bundle
 
     bundle = load_bundle(a.preset, device=a.device, dtype=a.dtype)
     events = generate(
@@ -79,9 +79,9 @@ def cmd_generate(a: argparse.Namespace) -> int:
             print(_render_round(ev, colours, not a.hide_rejected) if tty else "".join(ev.emitted_text),
                   end="", flush=True)
     summary = ev
-    if a.json:  # a run file: the generate --json contract plus what `replay` needs (metasd.runfile)
-        from metasd.runfile import run_document
-        from metasd.viz import drafter_colors
+    if a.json:  # a run file: the generate --json contract plus what `replay` needs (metasd.core.runfile)
+        from metasd.core.runfile import run_document
+        from metasd.ui.viz import drafter_colors
 
         obj = run_document(a.prompt, rounds, summary, preset=bundle.preset.name, target=bundle.preset.target,
                            drafters=list(rounds[0].probabilities) if rounds else bundle.default_drafters,
@@ -116,16 +116,16 @@ def _size(n: int | None) -> str:
 def cmd_drafters(a: argparse.Namespace) -> int:
     """The preset's drafters from its spec and weight files (no model is loaded unless --measure), then the
     registered ones."""
-    from metasd.catalog import describe, measure_costs, save_costs
-    from metasd.registry import registered
-    from metasd.validation import InvalidInput
+    from metasd.core.validation import InvalidInput
+    from metasd.drafting.catalog import describe, measure_costs, save_costs
+    from metasd.drafting.registry import registered
 
     if a.preset not in PRESETS:
         raise InvalidInput(f"unknown preset {a.preset!r}; choose one of {', '.join(PRESETS)}")
     preset = PRESETS[a.preset]
     costs = None
     if a.measure:
-        from metasd.models import load_bundle
+        from metasd.models.loading import load_bundle
 
         bundle = load_bundle(preset)
         costs, detail = measure_costs(bundle, list(bundle.specs), progress=lambda m: print(m, file=sys.stderr))
@@ -162,8 +162,8 @@ def cmd_replay(a: argparse.Namespace) -> int:
     import time
     from pathlib import Path
 
-    from metasd.runfile import MAX_BYTES, parse_run
-    from metasd.validation import InvalidInput
+    from metasd.core.runfile import MAX_BYTES, parse_run
+    from metasd.core.validation import InvalidInput
 
     try:
         speed = float(a.speed)
@@ -198,15 +198,15 @@ def cmd_replay(a: argparse.Namespace) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from metasd.registry import load_plugins
-    from metasd.validation import InvalidInput
+    from metasd.core.validation import InvalidInput
+    from metasd.drafting.registry import load_plugins
 
     p = argparse.ArgumentParser(prog="python -m metasd", description=__doc__)
     sub = p.add_subparsers(dest="command", required=True)
     _generate_args(sub)
     _drafters_args(sub)
     _replay_args(sub)
-    from metasd.bench import add_bench_args, add_priors_args  # part of the package: a failing import is a real error
+    from metasd.benchmark.bench import add_bench_args, add_priors_args  # part of the package: a failing import is a real error
 
     add_bench_args(sub)
     add_priors_args(sub)
@@ -225,7 +225,7 @@ def main(argv: list[str] | None = None) -> int:
         if a.command == "replay":
             return cmd_replay(a)
         if a.command == "priors":
-            from metasd.bench import cmd_priors
+            from metasd.benchmark.bench import cmd_priors
 
             return cmd_priors(a)
         return a.func(a)

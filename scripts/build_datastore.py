@@ -2,13 +2,13 @@
 
     PYTHONPATH=. .venv/bin/python scripts/build_datastore.py            # writes assets/datastore/offline.*
 
-The prompts are metasd/train_data.py's templated code, math and chat prompts (made on the spot from a
+The prompts are metasd/training/train_data.py's templated code, math and chat prompts (made on the spot from a
 seed, nothing downloaded). Any prompt that equals or nearly equals a Spec-Bench turn or one of the page's
 examples (assets/examples.json) is dropped first, so the benchmark never retrieves its own answers.
 The target answers each prompt greedily through its chat template, batched by prompt length and
 left-padded, in fp32 on one torch thread; each answer (up to its EOS) is stored as uint16 token ids
 followed by the separator 0xFFFF in `offline.npy`. `offline.json` records what was built and how (read
-by metasd.retrieval.load_datastore to check that the datastore fits the target) and `offline.md` is its
+by metasd.drafting.retrieval.load_datastore to check that the datastore fits the target) and `offline.md` is its
 card. `--holdout N --holdout-out FILE.npy` also answers N further prompts (another seed) into FILE, a
 development set for tuning the drafter that is not part of the datastore.
 """
@@ -69,7 +69,7 @@ class NearMatch:
 
 
 def reference_prompts(specbench: Path, examples: Path) -> list[str]:
-    from metasd.train_data import benchmark_prompts
+    from metasd.training.train_data import benchmark_prompts
 
     refs = sorted(benchmark_prompts(specbench))
     if examples.exists():
@@ -80,7 +80,7 @@ def reference_prompts(specbench: Path, examples: Path) -> list[str]:
 
 def pick_prompts(total: int, seed: int, near: NearMatch, exclude: set[str] = frozenset()) -> tuple[list[tuple[str, str]], int]:
     """(domain, prompt) pairs, `total` in all split by DEFAULT_SHARES, and how many near matches were dropped."""
-    from metasd.train_data import domain_prompts
+    from metasd.training.train_data import domain_prompts
 
     out: list[tuple[str, str]] = []
     dropped = 0
@@ -113,7 +113,7 @@ def answer(bundle, prompts: list[str], max_new_tokens: int, batch_size: int, des
     from torch.nn.utils.rnn import pad_sequence
     from tqdm import tqdm
 
-    from metasd.engine import encode_prompt
+    from metasd.core.engine import encode_prompt
 
     enc = [encode_prompt(bundle, p, True) for p in prompts]
     order = sorted(range(len(enc)), key=lambda i: len(enc[i]))
@@ -156,7 +156,8 @@ def write_card(meta: dict, path: Path) -> None:
     lines = [
         "# Retrieval datastore: offline preset", "",
         f"Token ids of {meta['target']}'s own greedy answers to {meta['documents']:,} templated training prompts "
-        f"({dom}; metasd/train_data.py, seed {meta['seed']}), read by the `retrieval` drafter (metasd/retrieval.py).", "",
+        f"({dom}; metasd/training/train_data.py, seed {meta['seed']}), "
+        "read by the `retrieval` drafter (metasd/drafting/retrieval.py).", "",
         "## File", "",
         f"- `{meta['file']}`: {meta['bytes']:,} bytes, sha256 `{meta['sha256']}`",
         f"- {meta['tokens']:,} answer tokens (EOS included where the answer ended) in {meta['documents']:,} answers, "
@@ -196,7 +197,7 @@ def main(argv: list[str] | None = None) -> int:
 
     import torch
 
-    from metasd.models import load_bundle
+    from metasd.models.loading import load_bundle
 
     torch.set_num_threads(a.threads)
     t0 = time.perf_counter()

@@ -20,11 +20,11 @@ from pathlib import Path
 
 import torch
 
-from metasd.models import load_bundle
-from metasd.train import answer_examples, encode_chat
-from metasd.train_whitebox import evaluate, with_features
-from metasd.validation import first_per_category, parse_prompt_set
-from metasd.whitebox import load_head
+from metasd.core.validation import first_per_category, parse_prompt_set
+from metasd.drafting.whitebox import load_head
+from metasd.models.loading import load_bundle
+from metasd.training.train import answer_examples, encode_chat
+from metasd.training.train_whitebox import evaluate, with_features
 
 # Which Spec-Bench categories belong to each head's domain.
 DOMAINS = {"code": ["coding"], "math": ["math", "math_reasoning"],

@@ -2,7 +2,7 @@
 
     PYTHONPATH=. .venv/bin/python scripts/measure_retrieval.py --out bench-retrieval
 
-Runs metasd.bench (interleaved methods, one process, greedy, speed-ups against the target alone measured in
+Runs metasd.benchmark.bench (interleaved methods, one process, greedy, speed-ups against the target alone measured in
 the same run) twice: on the page's examples (assets/examples.json, all of them) and on Spec-Bench
 (../shared/specbench/question.jsonl, the first --per-category prompts of each category). The methods:
 the target alone, `single:retrieval`, `single:prompt-lookup`, and each bandit policy of --policies over
@@ -11,7 +11,7 @@ whether or not the preset already counts it among its default arms.
 Each run writes bench's files (summary.md, results.csv, report.html, ...) to OUT/examples and
 OUT/specbench and prints its summary.md.
 
-The retrieval drafter is also registered here (metasd.retrieval.register; the preset's own spec takes
+The retrieval drafter is also registered here (metasd.drafting.retrieval.register; the preset's own spec takes
 precedence where it has one), so the script runs on a preset without it too.
 """
 
@@ -30,7 +30,7 @@ WITH, WITHOUT = "+retrieval", "-retrieval"
 
 
 def arms_by_name(run):
-    """bench's `run` (metasd.engine.run), reading a policy named `<policy>+retrieval` or `<policy>-retrieval`
+    """bench's `run` (metasd.core.engine.run), reading a policy named `<policy>+retrieval` or `<policy>-retrieval`
     as that policy over the preset's default arms with or without the retrieval drafter."""
 
     def wrapped(bundle, prompt, *, policy: str = "metasd-ucb", drafters=None, **kwargs):
@@ -66,9 +66,9 @@ def main(argv: list[str] | None = None) -> int:
     import torch
     import transformers
 
-    from metasd import bench
-    from metasd.models import load_bundle
-    from metasd.retrieval import datastore_for, register
+    from metasd.benchmark import bench
+    from metasd.drafting.retrieval import datastore_for, register
+    from metasd.models.loading import load_bundle
 
     torch.set_num_threads(a.threads)
     transformers.logging.set_verbosity_error()

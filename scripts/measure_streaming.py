@@ -28,7 +28,7 @@ import httpx
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import metasd  # noqa: E402
-from metasd.events import Summary  # noqa: E402
+from metasd.core.events import Summary  # noqa: E402
 
 PROMPTS = {  # the page's opening example first, then other kinds of prompt from the examples
     "rag (page default)": 8,
@@ -41,7 +41,7 @@ PROMPTS = {  # the page's opening example first, then other kinds of prompt from
 
 def via_engine(bundle, prompt: str, n: int, policy: str, threads: tuple[int, int] | None = None) -> dict:
     """The engine alone in this process's main thread; with `threads` = (prefill, rounds), torch's threads as
-    the page's worker sets them (metasd.streaming.EngineStream), else torch's default threads (as the CLI)."""
+    the page's worker sets them (metasd.core.streaming.EngineStream), else torch's default threads (as the CLI)."""
     import torch
 
     if threads:
@@ -101,8 +101,8 @@ def tiny_frames(max_new_tokens: int = 400) -> str:
     """The app's frame loop (EngineStream + LiveView) on a tiny random model: rounds of a few ms."""
     import threading
 
-    from metasd import viz
-    from metasd.streaming import EngineStream
+    from metasd.core.streaming import EngineStream
+    from metasd.ui import viz
     from tests.tiny import tiny_bundle
 
     bundle = tiny_bundle(vocab=64)

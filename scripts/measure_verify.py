@@ -1,5 +1,5 @@
 """What one verification costs by the number of ids fed, with torch's default linear kernels and with
-the oneDNN-packed ones (metasd/cpu_linear.py), on the offline target (docs/DESIGN.md §4).
+the oneDNN-packed ones (metasd/models/cpu_linear.py), on the offline target (docs/DESIGN.md §4).
 
 Each measurement: prefill a context of --context tokens, then time one forward pass of k ids on
 its KV cache (the engine's verification). Both models run interleaved, every k in turn, and the
@@ -25,8 +25,8 @@ from transformers import DynamicCache
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from metasd.cpu_linear import ENV, pack_linears  # noqa: E402
-from metasd.models import load_causal_lm, offline_target_dir  # noqa: E402
+from metasd.models.cpu_linear import ENV, pack_linears  # noqa: E402
+from metasd.models.loading import load_causal_lm, offline_target_dir  # noqa: E402
 
 
 def forward_ms(model, ids: torch.Tensor, context: int, k: int) -> tuple[float, torch.Tensor]:

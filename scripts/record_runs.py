@@ -2,7 +2,7 @@
 
     .venv/bin/python scripts/record_runs.py [--out assets/runs] [--max-new-tokens 128]
 
-Each run is written as a run file (metasd.runfile), named by the example's question_id, so that
+Each run is written as a run file (metasd.core.runfile), named by the example's question_id, so that
 `?run=<question_id>` opens it. The engine runs with the app's torch threading (one thread on 2 cores).
 """
 
@@ -25,9 +25,9 @@ def main() -> None:
     from tqdm import tqdm
 
     import app
-    from metasd import viz
-    from metasd.engine import run
-    from metasd.runfile import run_document
+    from metasd.core.engine import run
+    from metasd.core.runfile import run_document
+    from metasd.ui import viz
 
     torch.set_num_threads(app.TORCH_THREADS)
     bundle = app.get_bundle("offline")

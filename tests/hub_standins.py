@@ -2,7 +2,7 @@
 
 Every repository a hub preset names (its target and its model drafters) gets a 2-layer Qwen2 with the real
 repository's id, tying and relative vocabulary size, written as `models--<org>--<name>/snapshots/<commit>/`
-with `refs/main` and content-addressed `blobs/`, so `metasd.models.load_bundle` runs its real code path
+with `refs/main` and content-addressed `blobs/`, so `metasd.models.loading.load_bundle` runs its real code path
 (`from_pretrained(<hub id>)`, safetensors only) with `HF_HUB_OFFLINE=1` and `HF_HUB_CACHE` pointing here.
 
 What is kept from the real checkpoints, scaled down:
@@ -33,7 +33,7 @@ from pathlib import Path
 import torch
 from transformers import GenerationConfig, PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM
 
-from metasd.presets import PRESETS
+from metasd.models.presets import PRESETS
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -189,9 +189,9 @@ PROMPTS = (
 def check(max_new_tokens: int = 24) -> dict:
     """Load every hub preset as the app does (the environment must point at the stand-ins, offline) and run
     every policy and every single drafter on PROMPTS, next to `target_greedy`. Returns what the test asserts."""
-    from metasd.engine import encode_prompt, run, target_greedy
-    from metasd.models import load_bundle
-    from metasd.policies import POLICIES
+    from metasd.bandits.policies import POLICIES
+    from metasd.core.engine import encode_prompt, run, target_greedy
+    from metasd.models.loading import load_bundle
 
     report: dict = {}
     for name, preset in PRESETS.items():

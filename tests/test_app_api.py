@@ -8,7 +8,7 @@ from html.parser import HTMLParser
 import pytest
 from gradio_client import Client
 
-from metasd.engine import run
+from metasd.core.engine import run
 from tests.app_server import app_url  # noqa: F401  (fixture)
 
 PROMPT = "Summarize in one sentence: the bakery on Elm Street opens at seven and sells rye bread, croissants and tea."
@@ -102,9 +102,9 @@ def test_invalid_input_is_a_message_not_a_traceback(app_url):  # noqa: F811
 
 def test_only_preset_names_load_and_hub_presets_need_cuda(monkeypatch):
     import app
-    from metasd.presets import PRESETS
+    from metasd.core.validation import InvalidInput
+    from metasd.models.presets import PRESETS
     from metasd.ui import bundles
-    from metasd.validation import InvalidInput
 
     monkeypatch.setattr(bundles, "HAS_CUDA", False)  # where available_presets reads it
     assert app.available_presets() == ["offline"]

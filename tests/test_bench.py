@@ -11,8 +11,8 @@ import math
 import pandas as pd
 import pytest
 
-from metasd import bench
-from metasd.bench import (
+from metasd.benchmark import bench
+from metasd.benchmark.bench import (
     RESULT_COLUMNS,
     Method,
     Prompt,
@@ -21,8 +21,8 @@ from metasd.bench import (
     run_bench,
     write_outputs,
 )
-from metasd.tables import speedup_table, summarize, summary_markdown
-from metasd.validation import InvalidInput
+from metasd.benchmark.tables import speedup_table, summarize, summary_markdown
+from metasd.core.validation import InvalidInput
 from tests.tiny import tiny_bundle
 
 CONTRACT_COLUMNS = ["method", "question_id", "category", "new_tokens", "wall_s", "target_calls", "mean_accepted",
@@ -41,7 +41,7 @@ def tokenizer():
     """The offline preset's real tokenizer where it is available (converted once), else none."""
     from transformers import AutoTokenizer
 
-    from metasd.models import offline_target_dir
+    from metasd.models.loading import offline_target_dir
 
     path = offline_target_dir(progress=lambda m: None)
     return AutoTokenizer.from_pretrained(str(path)) if path is not None else None
@@ -225,10 +225,10 @@ def test_summary_markdown_and_files(tiny_result, tmp_path):
 
 
 def test_cli_bench_end_to_end(bundle, questions_file, tmp_path, monkeypatch, capsys):
-    import metasd.models
+    import metasd.models.loading
     from metasd.cli import main
 
-    monkeypatch.setattr(metasd.models, "load_bundle", lambda *a, **k: bundle)
+    monkeypatch.setattr(metasd.models.loading, "load_bundle", lambda *a, **k: bundle)
     out = tmp_path / "bench-out"
     rc = main(["bench", "--prompts", str(questions_file), "--categories", "summarization,translation",
                "--per-category", "1", "--max-new-tokens", "6", "--methods",
@@ -257,7 +257,7 @@ def test_cli_bench_reports_bad_input(questions_file, tmp_path, capsys):
 def test_repeats_keep_each_methods_fastest_run(bundle, monkeypatch):
     import dataclasses
 
-    import metasd.bench as bench
+    import metasd.benchmark.bench as bench
 
     real = bench.run_method
     calls: list[tuple[str, float]] = []
@@ -302,7 +302,7 @@ def test_prompts_run_round_robin_over_categories():
 
 
 def test_spec_bench_tasks_group_mt_bench(tmp_path):
-    from metasd.bench import load_prompts
+    from metasd.benchmark.bench import load_prompts
 
     lines = [{"question_id": i, "category": c, "turns": [f"q{i}"]}
              for i, c in enumerate(["writing", "writing", "coding", "coding", "rag", "rag"])]

@@ -97,7 +97,7 @@ def test_page_streams_coloured_tokens_and_plots(page):
     names = [n for n in bundle.drafter_names if n in bundle.default_drafters]  # the request's arms, in colour order
     expect(legend).to_have_count(len(names))
     assert legend.evaluate_all("els => els.map(e => e.dataset.drafter)") == names
-    from metasd.catalog import kind_by_name
+    from metasd.drafting.catalog import kind_by_name
 
     # each chip: a sample, the drafter's name and its kind (model-free, self, distilled, white-box, ...)
     assert [t.split()[-2:] for t in legend.all_inner_texts()] == [[n, kind_by_name(n)] for n in names]
@@ -201,7 +201,7 @@ def test_keyboard_ctrl_enter_runs_and_escape_stops(page):
 def test_overlong_prompt_gets_a_visible_notice(page):
     from playwright.sync_api import expect
 
-    from metasd.validation import MAX_PROMPT_CHARS
+    from metasd.core.validation import MAX_PROMPT_CHARS
 
     page.locator("#prompt textarea").fill("word " * 12_000)  # 60,000 characters
     assert len(page.locator("#prompt textarea").input_value()) == 60_000, "the box must not cut the prompt silently"

@@ -10,7 +10,7 @@ import torch
 from transformers import DynamicCache
 
 from metasd import run, target_greedy
-from metasd.drafters import ModelDrafter
+from metasd.drafting.drafters import ModelDrafter
 from tests.tiny import tiny_bundle
 
 
@@ -98,7 +98,7 @@ def test_idle_drafter_catches_up_lazily():
         seen.append((len(ids), len(d.cached)))
 
     # round-robin over a drafter list built to follow `pattern`
-    from metasd import policies
+    from metasd.bandits import policies
 
     class Scripted(policies.Policy):
         name = "scripted"
@@ -121,7 +121,7 @@ def test_idle_drafter_catches_up_lazily():
 
 
 def test_verify_cost_interpolates_and_extrapolates():
-    from metasd.costs import EXTRA_ID_PRIOR, EXTRA_ID_PRIOR_PACKED, VerifyCost
+    from metasd.core.costs import EXTRA_ID_PRIOR, EXTRA_ID_PRIOR_PACKED, VerifyCost
 
     c = VerifyCost(4)
     assert c(3) == 1.0  # nothing measured yet

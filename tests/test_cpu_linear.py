@@ -1,4 +1,4 @@
-"""oneDNN-packed linear layers (metasd/cpu_linear.py): same products, same greedy outputs, safe fallbacks."""
+"""oneDNN-packed linear layers (metasd/models/cpu_linear.py): same products, same greedy outputs, safe fallbacks."""
 
 from __future__ import annotations
 
@@ -8,8 +8,9 @@ import pytest
 import torch
 from torch import nn
 
-from metasd import cpu_linear, run, target_greedy
-from metasd.cpu_linear import PackedLinear, pack_linears, unpack_linears
+from metasd import run, target_greedy
+from metasd.models.cpu_linear import PackedLinear, pack_linears, unpack_linears
+from metasd.models.loading import cpu_linear
 from tests.tiny import tiny_bundle, tiny_llama
 
 pytestmark = pytest.mark.skipif(cpu_linear._packed_op() is None, reason="this torch has no oneDNN packed linear")
@@ -104,7 +105,7 @@ def test_offline_target_is_packed_and_lossless_against_the_default_kernels(offli
     plain = copy.deepcopy(reference_model)
     assert _count(plain) == 30 * 7 + 1 and plain.lm_head.weight is plain.model.embed_tokens.weight
     assert unpack_linears(plain) == 30 * 7 + 1 and _count(plain) == 0
-    from metasd.engine import encode_prompt
+    from metasd.core.engine import encode_prompt
 
     for prompt in ("Summarize: the council approved the park plan after residents asked for trees.",
                    "Write a Python function that reverses a string.", "What is 12 * 13? Show your steps."):

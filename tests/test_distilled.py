@@ -12,9 +12,9 @@ import torch
 from safetensors import safe_open
 
 from metasd import run, target_greedy
-from metasd.models import DRAFT_VOCAB, Bundle, DraftHead, distilled_path, drafter_config_json, load_distilled
-from metasd.presets import DrafterSpec, Preset, get_preset
-from metasd.train import (
+from metasd.models.loading import DRAFT_VOCAB, Bundle, DraftHead, distilled_path, drafter_config_json, load_distilled
+from metasd.models.presets import DrafterSpec, Preset, get_preset
+from metasd.training.train import (
     agreement,
     answer_examples,
     draft_vocabulary,
@@ -24,7 +24,7 @@ from metasd.train import (
     text_examples,
     train,
 )
-from metasd.train_data import DOMAINS, benchmark_prompts, domain_prompts
+from metasd.training.train_data import DOMAINS, benchmark_prompts, domain_prompts
 from tests.tiny import independent_greedy, tiny_llama
 
 MAX_BYTES = 30 * 1024 * 1024

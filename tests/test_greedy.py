@@ -8,9 +8,9 @@ import pytest
 import torch
 
 from metasd import run, target_greedy
-from metasd.engine import encode_prompt
-from metasd.policies import POLICIES
-from metasd.presets import PRESETS
+from metasd.bandits.policies import POLICIES
+from metasd.core.engine import encode_prompt
+from metasd.models.presets import PRESETS
 from tests.tiny import tiny_bundle
 
 # Varied prompts: copying, translation, code, maths, chat, lists, odd Unicode.
@@ -142,9 +142,9 @@ def test_default_arms_come_from_the_preset(offline):
 def test_prompt_lookup_never_drafts_the_chat_templates_scaffolding(offline):
     """The template's system turn, role names and generation prompt are not the user's text: prompt lookup
     neither matches on them nor copies them (the first round used to draft "assistant" and be rejected)."""
-    from metasd.drafters import PromptLookup
-    from metasd.engine import scaffold_positions
-    from metasd.sampling import Sampling
+    from metasd.core.engine import scaffold_positions
+    from metasd.core.sampling import Sampling
+    from metasd.drafting.drafters import PromptLookup
 
     prompt = "Summarize: the assistant named Ada repairs the old clock. The assistant works at night."
     ids = encode_prompt(offline, prompt, True)

@@ -19,8 +19,8 @@ from pathlib import Path
 
 import pytest
 
-from metasd.presets import PRESETS
-from metasd.runfile import parse_run
+from metasd.core.runfile import parse_run
+from metasd.models.presets import PRESETS
 from tests import hub_standins
 from tests.test_start import ROOT, scrubbed_env
 

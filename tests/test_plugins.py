@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from metasd import Drafter, InvalidInput, load_plugins, register_drafter, run, target_greedy
-from metasd.registry import KINDS, registered, unregister_drafter
+from metasd.drafting.registry import KINDS, registered, unregister_drafter
 from tests.tiny import tiny_bundle
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -76,7 +76,7 @@ def _cli(*args: str, plugins: str | None = None) -> subprocess.CompletedProcess:
 
 
 def test_drafters_command_lists_every_drafter_with_its_kind():
-    from metasd.presets import PRESETS
+    from metasd.models.presets import PRESETS
 
     for preset in PRESETS:
         out = _cli("drafters", "--preset", preset, "--json")

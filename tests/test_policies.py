@@ -8,7 +8,7 @@ import random
 import numpy as np
 import pytest
 
-from metasd.policies import POLICIES, Choice, make_policy
+from metasd.bandits.policies import POLICIES, Choice, make_policy
 
 MEANS = [0.35, 0.5, 0.65, 0.45]  # Bernoulli arms; arm 2 is the best
 ARMS = [f"d{i}" for i in range(len(MEANS))]

@@ -8,9 +8,9 @@ import pytest
 
 from metasd import priors as priors_mod
 from metasd import run, target_greedy
-from metasd.bench import parse_methods
-from metasd.policies import make_policy
-from metasd.validation import InvalidInput
+from metasd.bandits.policies import make_policy
+from metasd.benchmark.bench import parse_methods
+from metasd.core.validation import InvalidInput
 from tests.tiny import tiny_bundle
 
 ARMS = ["prompt-lookup", "token-recycling", "layer-skip", "tiny-lm"]
@@ -69,7 +69,7 @@ def test_bench_runs_methods_with_and_without_priors_side_by_side():
 
 
 def test_the_shipped_priors_cover_the_offline_arms():
-    from metasd.presets import PRESETS
+    from metasd.models.presets import PRESETS
 
     pri = priors_mod.load_priors("offline")
     assert pri is not None, "assets/priors/offline.json is missing: python -m metasd priors --prompts ..."

@@ -28,7 +28,7 @@ CLI_TIMEOUT_S = 180
 
 # (program, subcommand) of every command kind that has a smoke test in this file.
 COVERED = {("make", "run"), ("make", "test"), ("metasd", "generate"), ("metasd", "bench"), ("metasd", "drafters"),
-           ("metasd", "replay"), ("metasd", "priors"), ("metasd.train", None)}
+           ("metasd", "replay"), ("metasd", "priors"), ("metasd.training.train", None)}
 
 # Files the README names that do not exist: none. An entry here would fail the test once the file
 # exists (or the README stops naming it), so the list cannot go stale.
@@ -84,7 +84,7 @@ def shell_commands() -> tuple[str, ...]:
 
 
 def kind(cmd: str) -> tuple[str, str | None]:
-    """(program, subcommand) of a command line: ("make", "run"), ("metasd", "bench"), ("metasd.train", None)."""
+    """(program, subcommand) of a command line: ("make", "run"), ("metasd", "bench"), ("metasd.training.train", None)."""
     tokens = shlex.split(cmd)
     if tokens[0] == "make":
         return "make", tokens[1] if len(tokens) > 1 else None
@@ -164,7 +164,7 @@ def test_readme_subcommands_are_real():
 
 @pytest.mark.timeout(120)
 @pytest.mark.parametrize("key", [("metasd", "generate"), ("metasd", "bench"), ("metasd", "drafters"),
-                                 ("metasd", "replay"), ("metasd.train", None)],
+                                 ("metasd", "replay"), ("metasd.training.train", None)],
                          ids=["generate", "bench", "drafters", "replay", "train"])
 def test_readme_flags_exist(key):
     """Every flag the README shows for a command is in that command's --help."""
@@ -181,7 +181,7 @@ def test_readme_inline_flags_exist():
     inline = set(re.findall(r"`(--[a-z][a-z0-9-]*)[^`]*`", readme()))
     shell = {f for c in shell_commands() for f in flags(c)}
     pip = {"--no-deps"}  # pip's, in the set-up prose
-    texts = help_text("metasd", "generate") + help_text("metasd", "bench") + help_text("metasd.train")
+    texts = help_text("metasd", "generate") + help_text("metasd", "bench") + help_text("metasd.training.train")
     missing = [f for f in sorted(inline - shell - pip) if not re.search(rf"(?<![\w-]){re.escape(f)}(?![\w-])", texts)]
     assert not missing, f"flags named in the README's prose that no command has: {missing}"
 
@@ -189,8 +189,8 @@ def test_readme_inline_flags_exist():
 def test_readme_policy_reward_and_dtype_choices_are_real():
     import torch
 
-    from metasd.policies import POLICIES
-    from metasd.validation import REWARDS
+    from metasd.bandits.policies import POLICIES
+    from metasd.core.validation import REWARDS
 
     (synopsis,) = commands_of(("metasd", "generate"))
     choices = dict(re.findall(r"\[--([a-z-]+) ([^\]\s]*\|[^\]\s]*)\]", synopsis))
@@ -208,8 +208,8 @@ def test_readme_policy_reward_and_dtype_choices_are_real():
 
 
 def test_readme_presets_and_methods_are_real():
-    from metasd.bench import parse_methods
-    from metasd.presets import PRESETS
+    from metasd.benchmark.bench import parse_methods
+    from metasd.models.presets import PRESETS
 
     table = re.findall(r"^\| `([\w.-]+)`", readme(), re.M)
     assert table, "the Presets table"
@@ -325,10 +325,10 @@ def test_priors_command(tmp_path):
 
 
 def test_train_help():
-    cmds = commands_of(("metasd.train", None))
+    cmds = commands_of(("metasd.training.train", None))
     assert len(cmds) == 3, cmds  # the distilled drafters, the white-box heads, and continuing a head
     assert any("--resume assets/drafters/" in c for c in cmds), cmds
-    usage = help_text("metasd.train")
+    usage = help_text("metasd.training.train")
     assert "usage:" in usage
     for cmd in cmds:
         assert program(cmd) == readme_python(), cmd  # help_text runs the README's interpreter
@@ -336,7 +336,7 @@ def test_train_help():
             assert flag in usage, (flag, cmd)
             if flag in ("--domain", "--kind"):
                 assert value in usage, (value, cmd)
-        line = next((x for x in readme().splitlines() if cmd.split()[-1] in x and "metasd.train" in x), "")
+        line = next((x for x in readme().splitlines() if cmd.split()[-1] in x and "metasd.training.train" in x), "")
         for other in re.findall(r"also: ([\w, ]+)", line):
             for name in other.replace(" ", "").split(","):
                 assert name in usage, name
@@ -465,7 +465,7 @@ def referenced_paths() -> set[str]:
 
 def test_readme_paths_exist():
     paths = referenced_paths()
-    assert {"app.py", "metasd/engine.py", "Spacefile", "assets/drafters/"} <= paths, sorted(paths)
+    assert {"app.py", "metasd/core/engine.py", "Spacefile", "assets/drafters/"} <= paths, sorted(paths)
     missing = {p for p in paths if not list(ROOT.glob(p.rstrip("/")))}
     assert missing == KNOWN_MISSING, (f"files the README names that do not exist: {sorted(missing - KNOWN_MISSING)}; "
                                       f"now present, take off KNOWN_MISSING: {sorted(KNOWN_MISSING - missing)}")

@@ -25,12 +25,12 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from transformers import DynamicCache
 
-import metasd.engine as engine
+import metasd.core.engine as engine
+from metasd.core.validation import LIMITS, InvalidInput, parse_prompt_set, validate_settings
 from metasd.ui import bundles as ui_bundles
 from metasd.ui import compare as ui_compare
 from metasd.ui import files as ui_files
 from metasd.ui import playground as ui_playground
-from metasd.validation import LIMITS, InvalidInput, parse_prompt_set, validate_settings
 
 PROMPT = "Summarize in one sentence: the bakery on Elm Street opens at seven and sells rye bread, croissants and tea."
 pytestmark = [pytest.mark.offline_model, pytest.mark.usefixtures("one_torch_thread")]

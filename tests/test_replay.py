@@ -12,10 +12,10 @@ from types import SimpleNamespace
 
 import pytest
 
-from metasd import viz
-from metasd.engine import run
-from metasd.runfile import FORMAT, MAX_BYTES, parse_run, run_document
-from metasd.validation import InvalidInput
+from metasd.core.engine import run
+from metasd.core.runfile import FORMAT, MAX_BYTES, parse_run, run_document
+from metasd.core.validation import InvalidInput
+from metasd.ui import viz
 from tests.tiny import tiny_bundle
 
 ROOT = Path(__file__).resolve().parent.parent

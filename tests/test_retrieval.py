@@ -1,4 +1,4 @@
-"""The retrieval drafter (metasd/retrieval.py): matching, draft length, scaffolding, incrementality, losslessness."""
+"""The retrieval drafter (metasd/drafting/retrieval.py): matching, draft length, scaffolding, incrementality, losslessness."""
 
 from __future__ import annotations
 
@@ -9,10 +9,10 @@ import pytest
 import torch
 
 from metasd import run, target_greedy
-from metasd.engine import encode_prompt, scaffold_positions
-from metasd.registry import register_drafter, unregister_drafter
-from metasd.retrieval import SEPARATOR, Datastore, RetrievalDrafter, datastore_for, load_datastore
-from metasd.sampling import Sampling
+from metasd.core.engine import encode_prompt, scaffold_positions
+from metasd.core.sampling import Sampling
+from metasd.drafting.registry import register_drafter, unregister_drafter
+from metasd.drafting.retrieval import SEPARATOR, Datastore, RetrievalDrafter, datastore_for, load_datastore
 
 GREEDY = Sampling(0.0, 1.0, 0)
 LOOSE = dict(min_match=1, min_match_store=1, spec_factor=100.0, min_prob=0.0, prior=0.0)
@@ -338,7 +338,7 @@ def test_the_shipped_datastore_serves_the_offline_target(offline):
         pytest.skip("assets/datastore/offline.npy is not built")
     assert ds.meta["target"] == offline.preset.target and len(ds) > 10_000
     assert int(ds.values[: ds.size][ds.values[: ds.size] != SEPARATOR].max()) < offline.target_vocab
-    from metasd.retrieval import register
+    from metasd.drafting.retrieval import register
 
     register("retrieval")
     try:

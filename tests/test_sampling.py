@@ -14,8 +14,8 @@ import torch
 from scipy.stats import chisquare
 
 from metasd import run
-from metasd.drafters import fit_vocab
-from metasd.sampling import Sampling, verify, warp
+from metasd.core.sampling import Sampling, verify, warp
+from metasd.drafting.drafters import fit_vocab
 from tests.tiny import tiny_bundle
 
 VOCAB, N_TOKENS, SAMPLES = 6, 3, 1200

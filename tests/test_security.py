@@ -27,7 +27,7 @@ def get_file(base: str, path: str) -> httpx.Response:
 @pytest.mark.timeout(180)
 def test_files_are_served_only_from_the_apps_temp_dir(app_url):  # noqa: F811
     import app
-    from metasd.models import offline_target_dir
+    from metasd.models.loading import offline_target_dir
 
     own = app.TMP / "metasd-run-0123456789abcdef0123456789abcdef.csv"
     own.write_text("round,drafter\n1,prompt-lookup\n")
@@ -108,7 +108,7 @@ def test_the_api_cannot_load_a_model_by_name_or_path(app_url):  # noqa: F811
 def test_models_load_from_safetensors_without_remote_code():
     import torch
 
-    from metasd import models
+    from metasd.models import loading as models
 
     with mock.patch.object(models.AutoModelForCausalLM, "from_pretrained") as fp:
         models.load_causal_lm("some/preset-model", torch.device("cpu"), torch.float32)
@@ -119,7 +119,7 @@ def test_models_load_from_safetensors_without_remote_code():
         text = src.read_text(encoding="utf-8")
         assert not re.search(r"trust_remote_code\s*=\s*True", text), src
         assert not re.search(r"pickle\.loads?\(|use_safetensors\s*=\s*False", text), src
-        # torch.load only as weights_only (metasd.train reads its own tensor cache that way; the app never does)
+        # torch.load only as weights_only (metasd.training.train reads its own tensor cache that way; the app never does)
         assert all("weights_only=True" in line for line in text.splitlines() if "torch.load(" in line), src
 
 
@@ -148,7 +148,7 @@ def test_temp_files_are_private_and_unguessable():
     import app
 
     assert stat.S_IMODE(os.stat(app.TMP).st_mode) == 0o700
-    from metasd.events import RoundEvent
+    from metasd.core.events import RoundEvent
 
     ev = RoundEvent(round=1, drafter="prompt-lookup", draft=(1,), accepted=1, emitted=(1, 2), target_token=2, bonus=True,
                     p_draft=(0.9,), q_draft=(1.0,), accept_prob=(0.9,), reward=0.9, rewards={"prompt-lookup": 0.9},
@@ -172,7 +172,7 @@ def test_temp_files_are_private_and_unguessable():
 
 def test_input_limits_protect_the_host():
     import app
-    from metasd.validation import LIMITS, MAX_PROMPT_CHARS
+    from metasd.core.validation import LIMITS, MAX_PROMPT_CHARS
 
     assert app.MAX_NEW_TOKENS <= LIMITS["max_new_tokens"][1] and app.COMPARE_MAX_NEW_TOKENS <= app.MAX_NEW_TOKENS
     assert MAX_PROMPT_CHARS <= 32_000 and app.QUEUE_SIZE <= 64 and app.COMPARE_MAX_PROMPTS <= 40

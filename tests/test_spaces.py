@@ -17,8 +17,8 @@ from packaging.requirements import Requirement
 from packaging.specifiers import SpecifierSet
 from packaging.version import Version
 
-from metasd.presets import PRESETS
-from metasd.spaces import MAX_S, MIN_S, WORST_TOKENS_PER_S, duration_of, gpu_duration
+from metasd.models.presets import PRESETS
+from metasd.models.spaces import MAX_S, MIN_S, WORST_TOKENS_PER_S, duration_of, gpu_duration
 from tests.test_start import ROOT
 
 # Every key the Spaces configuration reference accepts in README.md's YAML block.

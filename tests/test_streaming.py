@@ -1,4 +1,4 @@
-"""metasd.streaming (the engine in its own worker, handed over in frames) and viz.LiveView, on tiny models.
+"""metasd.core.streaming (the engine in its own worker, handed over in frames) and viz.LiveView, on tiny models.
 
 No timing asserts: a fast engine must produce fewer frames than rounds, the last frame must be the
 whole run, a stop mid-burst must end cleanly, and a failure in the worker reaches only its viewer.
@@ -10,10 +10,10 @@ import threading
 
 import pytest
 
-from metasd import viz
-from metasd.engine import generate, run
-from metasd.events import RoundEvent, Summary
-from metasd.streaming import EngineStream
+from metasd.core.engine import generate, run
+from metasd.core.events import RoundEvent, Summary
+from metasd.core.streaming import EngineStream
+from metasd.ui import viz
 from tests.tiny import tiny_bundle
 
 PROMPT = [3, 7, 1, 4, 9, 3, 7, 1, 4, 9, 3, 7, 2, 5]
@@ -159,7 +159,7 @@ def test_frame_rate_is_bounded_by_rendering_cost():
 
 
 def test_fair_slots_serve_first_come_first_served():
-    from metasd.streaming import FairSlots
+    from metasd.core.streaming import FairSlots
 
     slots = FairSlots(1)
     order: list[str] = []
@@ -211,11 +211,11 @@ def test_the_prompt_is_prefilled_by_the_engine_worker_not_by_the_caller(bundle):
 
 def test_target_alone_is_timed_with_the_engine_workers_threading(bundle):
     """The page's speed-up divides by the target alone: its prompt pass must get the prefill's threads and
-    every step after it the rounds' threads, exactly as the engine's worker does (metasd.streaming)."""
+    every step after it the rounds' threads, exactly as the engine's worker does (metasd.core.streaming)."""
     import torch
     from transformers import LogitsProcessorList
 
-    from metasd.engine import target_greedy
+    from metasd.core.engine import target_greedy
     from metasd.ui.bundles import _StepThreads
 
     seen: list[int] = []
@@ -235,7 +235,7 @@ def test_in_fresh_thread_returns_raises_and_keeps_the_callers_threads():
     """Model work on a CPU runs in a thread that ends with it (no OpenMP team outlives its request)."""
     import torch
 
-    from metasd.streaming import in_fresh_thread
+    from metasd.core.streaming import in_fresh_thread
 
     before = torch.get_num_threads()
     seen = in_fresh_thread(lambda: (threading.current_thread().name, torch.get_num_threads()), threads=1, name="w")
@@ -254,8 +254,8 @@ def test_with_threads_runs_the_prefill_and_the_rounds_on_their_own_thread_counts
     every later round on the rounds' threads; the events themselves pass through unchanged."""
     import torch
 
-    from metasd.engine import collect
-    from metasd.streaming import in_fresh_thread, with_threads
+    from metasd.core.engine import collect
+    from metasd.core.streaming import in_fresh_thread, with_threads
 
     seen: list[int] = []
     hook = bundle.target.register_forward_pre_hook(lambda *_: seen.append(torch.get_num_threads()))

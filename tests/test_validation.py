@@ -13,7 +13,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from metasd import InvalidInput, generate, run
-from metasd.validation import LIMITS, clean_prompt, validate_settings
+from metasd.core.validation import LIMITS, clean_prompt, validate_settings
 from tests.tiny import tiny_bundle
 
 ARMS = ["prompt-lookup", "token-recycling", "layer-skip", "tiny-lm"]

@@ -1,4 +1,4 @@
-"""metasd.viz (events -> HTML, figures, tables) and metasd.playground, without a browser."""
+"""metasd.ui.viz (events -> HTML, figures, tables) and metasd.bandits.playground, without a browser."""
 
 from __future__ import annotations
 
@@ -11,11 +11,11 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from metasd import viz
-from metasd.engine import run
-from metasd.events import RoundEvent
-from metasd.playground import SynthDrafter, compare, expected_speedup, expected_tokens, simulate
-from metasd.validation import first_per_category, parse_prompt_set
+from metasd.bandits.playground import SynthDrafter, compare, expected_speedup, expected_tokens, simulate
+from metasd.core.engine import run
+from metasd.core.events import RoundEvent
+from metasd.core.validation import first_per_category, parse_prompt_set
+from metasd.ui import viz
 from tests.tiny import tiny_bundle
 
 PROMPT = [3, 7, 1, 4, 9, 3, 7, 1, 4, 9, 3, 7, 2, 5]
@@ -203,7 +203,7 @@ def test_round_log_csv_and_json(generation):
     assert len(back) == len(rounds) and list(back["round"]) == [ev.round for ev in rounds]
     assert list(back["accepted"]) == [ev.accepted for ev in rounds]
     assert [f"prob[{n}]" for n in rounds[0].probabilities] == [c for c in back.columns if c.startswith("prob[")]
-    from metasd.runfile import run_document
+    from metasd.core.runfile import run_document
 
     obj = json.loads(json.dumps(run_document("p", rounds, summary)))
     assert obj["token_ids"] == list(summary.token_ids) and len(obj["rounds"]) == len(rounds)
@@ -308,9 +308,9 @@ def test_playground_figures_and_table():
 
 
 def test_viz_does_not_import_gradio():
-    import metasd.playground
-    import metasd.viz
+    import metasd.bandits.playground
+    import metasd.ui.viz
 
-    for mod in (metasd.viz, metasd.playground):
+    for mod in (metasd.ui.viz, metasd.bandits.playground):
         src = open(mod.__file__, encoding="utf-8").read()
         assert not re.search(r"^\s*(import|from)\s+gradio", src, re.M)

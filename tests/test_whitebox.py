@@ -1,4 +1,4 @@
-"""White-box heads (metasd/whitebox.py): training-time test, the drafter's incremental path against the
+"""White-box heads (metasd/drafting/whitebox.py): training-time test, the drafter's incremental path against the
 training path, the features the engine hands over, losslessness, files, and the shipped heads."""
 
 from __future__ import annotations
@@ -11,11 +11,12 @@ import pytest
 import torch
 
 from metasd import run, target_greedy
-from metasd.models import DraftHead, distilled_path
-from metasd.presets import get_preset
-from metasd.sampling import Sampling
-from metasd.train import answer_examples, draft_vocabulary
-from metasd.train_whitebox import (
+from metasd.core.sampling import Sampling
+from metasd.drafting.whitebox import HeadConfig, WhiteBoxDrafter, build_head, load_head, read_head_info, save_head
+from metasd.models.loading import DraftHead, distilled_path
+from metasd.models.presets import get_preset
+from metasd.training.train import answer_examples, draft_vocabulary
+from metasd.training.train_whitebox import (
     Sequence,
     batch_tensors,
     evaluate,
@@ -24,7 +25,6 @@ from metasd.train_whitebox import (
     unrolled_states,
     with_features,
 )
-from metasd.whitebox import HeadConfig, WhiteBoxDrafter, build_head, load_head, read_head_info, save_head
 from tests.tiny import independent_greedy, tiny_bundle, tiny_llama
 
 HEADS = [d for d in get_preset("offline").drafters if d.kind == "white-box"]
@@ -70,7 +70,7 @@ def test_training_learns_and_the_file_round_trips(tmp_path):
     other = tiny_llama(vocab=48, layers=3, hidden=16, seed=3)
     with pytest.raises(ValueError, match="another target"):
         load_head(path, other, torch.device("cpu"), torch.float32)
-    from metasd.train import make_drafter, save_drafter
+    from metasd.training.train import make_drafter, save_drafter
 
     save_drafter(make_drafter(target, 1, 0), tmp_path / "d.safetensors", {})
     with pytest.raises(ValueError, match="not a MetaSD white-box head"):
@@ -150,7 +150,7 @@ def test_predict_on_a_one_token_context_predicts_nothing():
 
 
 def test_measured_costs_cover_every_drafter_that_drafts():
-    from metasd.catalog import measure_costs
+    from metasd.drafting.catalog import measure_costs
 
     bundle = tiny_bundle(vocab=40, seed=7, scale=4.0, white_box=True)
     names = ["prompt-lookup", "tiny-lm", "tiny-eagle"]

@@ -7,8 +7,8 @@ import copy
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
-from metasd.models import Bundle, build_drafter_models
-from metasd.presets import PROMPT_LOOKUP, TOKEN_RECYCLING, DrafterSpec, Preset
+from metasd.models.loading import Bundle, build_drafter_models
+from metasd.models.presets import PROMPT_LOOKUP, TOKEN_RECYCLING, DrafterSpec, Preset
 
 
 def tiny_llama(vocab: int = 32, layers: int = 2, hidden: int = 32, seed: int = 0, max_pos: int = 512,
@@ -48,7 +48,7 @@ def tiny_bundle(vocab: int = 32, seed: int = 0, noise: float = 0.3, drafter_voca
 
     With `draft_vocab`, also "tiny-distilled": a one-layer drafter on the target's embedding and
     head restricted to those ids (a DraftHead, as the offline preset's distilled drafters have).
-    With `white_box`, also "tiny-eagle": an untrained white-box head (metasd/whitebox.py) on the target's
+    With `white_box`, also "tiny-eagle": an untrained white-box head (metasd/drafting/whitebox.py) on the target's
     hidden states, its layer copied from the target's last one; a tuple of ids restricts its head to them.
     """
     target = tiny_llama(vocab, layers=layers, hidden=hidden, seed=seed, scale=scale)
@@ -61,12 +61,12 @@ def tiny_bundle(vocab: int = 32, seed: int = 0, noise: float = 0.3, drafter_voca
     models = build_drafter_models(target, specs[:3], torch.device("cpu"), torch.float32, progress=lambda m: None)
     models["tiny-lm"] = perturbed(target, noise, seed=seed + 1, vocab=drafter_vocab)
     if draft_vocab is not None:
-        from metasd.train import make_drafter
+        from metasd.training.train import make_drafter
 
         specs.append(DrafterSpec("tiny-distilled", "distilled", "the target's first layer on a draft vocabulary"))
         models["tiny-distilled"] = make_drafter(target, 1, 0, torch.tensor(draft_vocab)).eval()
     if white_box is not False:
-        from metasd.whitebox import HeadConfig, build_head
+        from metasd.drafting.whitebox import HeadConfig, build_head
 
         ids = torch.tensor(white_box) if isinstance(white_box, tuple) else None
         specs.append(DrafterSpec("tiny-eagle", "white-box", "a white-box head on the target's features",
@@ -80,7 +80,7 @@ def tiny_bundle(vocab: int = 32, seed: int = 0, noise: float = 0.3, drafter_voca
 def independent_greedy(reference_model, bundle: Bundle, prompt: str, max_new_tokens: int) -> tuple[list[int], list[int]]:
     """(prompt ids, the target's own greedy continuation) from an independent copy of the target (the
     `reference_model` fixture), through the same chat template the engine uses."""
-    from metasd.engine import encode_prompt
+    from metasd.core.engine import encode_prompt
 
     ids = encode_prompt(bundle, prompt, True)
     inp = torch.tensor([ids])

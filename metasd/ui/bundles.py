@@ -11,14 +11,14 @@ from typing import Any
 import torch
 from transformers import LogitsProcessor, LogitsProcessorList
 
-from metasd.engine import encode_prompt, target_greedy
-from metasd.engine import run as engine_run
-from metasd.models import Bundle, load_bundle
-from metasd.presets import DEFAULT_PRESET, PRESETS
-from metasd.streaming import FairSlots, in_fresh_thread
+from metasd.core.engine import encode_prompt, target_greedy
+from metasd.core.engine import run as engine_run
+from metasd.core.streaming import FairSlots, in_fresh_thread
+from metasd.core.validation import InvalidInput
+from metasd.models.loading import Bundle, load_bundle
+from metasd.models.presets import DEFAULT_PRESET, PRESETS
 from metasd.ui.config import GEN_CONCURRENCY, HAS_CUDA, PREFILL_THREADS, TORCH_THREADS
 from metasd.ui.errors import refused
-from metasd.validation import InvalidInput
 
 # The model, shared by every request: Generate holds it for a whole answer, Compare one run at a time,
 # first come first served, so nobody waits for a whole prompt set.
@@ -86,7 +86,7 @@ class _StepThreads(LogitsProcessor):
 
 def measure_target(bundle: Bundle, prompt: str, n: int) -> tuple[list[int], float]:
     """The target alone, timed under the engine worker's torch threading (a fair ratio): the prompt's
-    pass with PREFILL_THREADS, every step after it with TORCH_THREADS (metasd.streaming.EngineStream)."""
+    pass with PREFILL_THREADS, every step after it with TORCH_THREADS (metasd.core.streaming.EngineStream)."""
     extra: dict[str, Any] = {}
     if not HAS_CUDA:
         extra["logits_processor"] = LogitsProcessorList([_StepThreads(TORCH_THREADS)])
@@ -97,6 +97,6 @@ def measure_target(bundle: Bundle, prompt: str, n: int) -> tuple[list[int], floa
         out = target_greedy(bundle, ids, n, **extra)
         return out, time.perf_counter() - t
 
-    with MODEL.hold():  # in a thread of its own, as the engine's worker (metasd.streaming.in_fresh_thread)
+    with MODEL.hold():  # in a thread of its own, as the engine's worker (metasd.core.streaming.in_fresh_thread)
         return in_fresh_thread(timed, None if HAS_CUDA else PREFILL_THREADS, name="metasd-target-alone")
 

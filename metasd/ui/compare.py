@@ -11,22 +11,22 @@ from typing import Any
 import gradio as gr
 import pandas as pd
 
-from metasd import viz
-from metasd.engine import collect, generate
-from metasd.models import Bundle
-from metasd.policies import single_drafter, single_method
-from metasd.spaces import MAX_S
-from metasd.streaming import in_fresh_thread, with_threads
+from metasd.bandits.policies import single_drafter, single_method
+from metasd.core.engine import collect, generate
+from metasd.core.streaming import in_fresh_thread, with_threads
+from metasd.core.validation import PROMPT_SET_MAX_BYTES, InvalidInput, clean_prompt, first_per_category, number, parse_prompt_set
+from metasd.models.loading import Bundle
+from metasd.models.spaces import MAX_S
+from metasd.ui import viz
 from metasd.ui.bundles import MODEL, bundle_for, measure_target
 from metasd.ui.config import COMPARE_MAX_NEW_TOKENS, COMPARE_MAX_PROMPTS, EXAMPLES, HAS_CUDA, PREFILL_THREADS, TORCH_THREADS, gpu
 from metasd.ui.errors import failure, refused
 from metasd.ui.files import private_stem, prune_tmp, read_upload
 from metasd.ui.session import STOPS, Cancelled, compare_key
-from metasd.validation import PROMPT_SET_MAX_BYTES, InvalidInput, clean_prompt, first_per_category, number, parse_prompt_set
 
 
 def _checked(bundle: Bundle, prompt: Any, limit: int, **settings: Any) -> str:
-    """Validate a request exactly as the engine will (metasd.validation, context length included)
+    """Validate a request exactly as the engine will (metasd.core.validation, context length included)
     without running it; returns the cleaned prompt. Raises InvalidInput."""
     text = clean_prompt(prompt)
     generate(bundle, text, max_new_tokens_limit=limit, **settings).close()  # validates eagerly, runs nothing

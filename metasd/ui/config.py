@@ -15,8 +15,8 @@ from typing import Any
 
 import torch
 
-from metasd.registry import load_plugins
-from metasd.spaces import duration_of
+from metasd.drafting.registry import load_plugins
+from metasd.models.spaces import duration_of
 
 try:  # ZeroGPU on Hugging Face Spaces: a GPU is attached only inside decorated calls.
     import spaces
@@ -24,7 +24,7 @@ try:  # ZeroGPU on Hugging Face Spaces: a GPU is attached only inside decorated 
     def gpu(fn: Callable | None = None, *, runs: Callable[[dict[str, Any]], Any] | int = 1,
             duration: Callable[..., int] | None = None) -> Any:
         """Hold a ZeroGPU GPU while `fn` runs, for a time sized per request from its max_new_tokens and
-        preset (metasd/spaces.py; `runs`: generations per call), or by `duration` (the call's arguments ->
+        preset (metasd/models/spaces.py; `runs`: generations per call), or by `duration` (the call's arguments ->
         seconds). Off ZeroGPU `spaces.GPU` hands the function back unchanged."""
         def wrap(f: Callable) -> Callable:
             return spaces.GPU(duration=duration or duration_of(f, runs=runs))(f)
@@ -36,7 +36,7 @@ except ImportError:  # anywhere else: a no-op
         return fn if fn is not None else (lambda f: f)
 
 
-# Operator plugins (metasd.registry): modules named by whoever runs the server, never by the page. Their
+# Operator plugins (metasd.drafting.registry): modules named by whoever runs the server, never by the page. Their
 # drafters join every preset's list, each with a colour of its own.
 PLUGIN_DRAFTERS = load_plugins(os.environ.get("METASD_PLUGINS"))
 ROOT = Path(__file__).resolve().parents[2]  # the repository: app.py, metasd/, assets/

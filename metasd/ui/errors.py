@@ -10,7 +10,7 @@ import traceback
 import gradio as gr
 import torch
 
-from metasd.validation import InvalidInput
+from metasd.core.validation import InvalidInput
 
 log = logging.getLogger("metasd.app")
 

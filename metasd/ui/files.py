@@ -16,11 +16,11 @@ from typing import Any
 
 import gradio as gr
 
-from metasd import viz
-from metasd.presets import PRESETS
-from metasd.runfile import run_document
+from metasd.core.runfile import run_document
+from metasd.core.validation import InvalidInput
+from metasd.models.presets import PRESETS
+from metasd.ui import viz
 from metasd.ui.session import RunRecord
-from metasd.validation import InvalidInput
 
 TMP = Path(tempfile.mkdtemp(prefix="metasd-app-"))  # the app's own temp dir (mode 0700): run logs only
 atexit.register(shutil.rmtree, TMP, True)

@@ -8,8 +8,8 @@ from typing import Any
 
 from gradio.components.plot import PlotData
 
-from metasd import viz
-from metasd.events import Summary
+from metasd.core.events import Summary
+from metasd.ui import viz
 from metasd.ui.session import RunRecord
 
 STREAM_PLACEHOLDER = "prefill: reading the prompt ..."  # shared by live runs and replays: same final HTML

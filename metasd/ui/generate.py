@@ -11,14 +11,15 @@ from typing import Any
 
 import gradio as gr
 
-from metasd import viz
-from metasd.engine import encode_prompt, generate
-from metasd.models import Bundle
-from metasd.numerics import first_divergence
-from metasd.policies import POLICIES, single_method
-from metasd.presets import DEFAULT_PRESET, PRESETS
-from metasd.spaces import gpu_duration
-from metasd.streaming import EngineStream
+from metasd.bandits.policies import POLICIES, single_method
+from metasd.core.engine import encode_prompt, generate
+from metasd.core.numerics import first_divergence
+from metasd.core.streaming import EngineStream
+from metasd.core.validation import InvalidInput, clean_prompt
+from metasd.models.loading import Bundle
+from metasd.models.presets import DEFAULT_PRESET, PRESETS
+from metasd.models.spaces import gpu_duration
+from metasd.ui import viz
 from metasd.ui.bundles import MODEL, available_presets, bundle_for, default_preset, drafters_of, get_bundle, measure_target
 from metasd.ui.config import (
     FRAME_FPS,
@@ -33,7 +34,6 @@ from metasd.ui.config import (
 from metasd.ui.errors import failure, refused
 from metasd.ui.frames import STREAM_PLACEHOLDER, baseline_key, final_status, frame, plot, stats
 from metasd.ui.session import STOPS, RunRecord, session_key
-from metasd.validation import InvalidInput, clean_prompt
 
 
 @gpu
@@ -41,7 +41,7 @@ def generate_view(prompt: str, preset: str = DEFAULT_PRESET, drafters: list[str]
                   policy: str = "metasd-ucb", reward: str = "bd", gamma: int = 4, max_new_tokens: int = 128,
                   temperature: float = 0.0, top_p: float = 1.0, seed: int = 0, full_info: bool = False,
                   cold: bool = False, baselines: dict | None = None, request: gr.Request = None):
-    """Stream a generation. The engine runs at full speed in its own worker (metasd.streaming); the page
+    """Stream a generation. The engine runs at full speed in its own worker (metasd.core.streaming); the page
     draws the latest state at most FRAME_FPS times a second (figures and table at most every
     PLOT_INTERVAL_S) and always ends on one complete final frame. Outputs: token view, arm
     probabilities, regret, numbers, per-drafter table, the answer as plain text, the run record."""

@@ -6,9 +6,9 @@ from __future__ import annotations
 import gradio as gr
 import pandas as pd
 
-from metasd import viz
-from metasd.playground import SynthDrafter, compare, expected_speedup, expected_tokens
-from metasd.validation import InvalidInput, validate_playground
+from metasd.bandits.playground import SynthDrafter, compare, expected_speedup, expected_tokens
+from metasd.core.validation import InvalidInput, validate_playground
+from metasd.ui import viz
 
 PLAYGROUND_DRAFTERS = pd.DataFrame(
     [["prompt lookup", 0.45, 0.0], ["token recycling", 0.55, 0.02], ["small LM", 0.75, 0.08], ["large LM", 0.9, 0.35]],

@@ -9,15 +9,15 @@ from typing import Any
 
 import gradio as gr
 
-from metasd import viz
-from metasd.runfile import MAX_BYTES as RUN_MAX_BYTES
-from metasd.runfile import Replay, parse_run
+from metasd.core.runfile import MAX_BYTES as RUN_MAX_BYTES
+from metasd.core.runfile import Replay, parse_run
+from metasd.core.validation import InvalidInput, number
+from metasd.ui import viz
 from metasd.ui.config import ASSETS, EXAMPLES, FRAME_FPS, task_title
 from metasd.ui.errors import refused
 from metasd.ui.files import read_upload
 from metasd.ui.frames import STREAM_PLACEHOLDER, final_status, frame
 from metasd.ui.session import STOPS, RunRecord, replay_key
-from metasd.validation import InvalidInput, number
 
 RUNS_DIR = ASSETS / "runs"
 

@@ -9,7 +9,7 @@ from typing import Any
 
 import gradio as gr
 
-from metasd.events import RoundEvent, Summary
+from metasd.core.events import RoundEvent, Summary
 
 
 class Cancelled(Exception):

@@ -13,10 +13,10 @@ from typing import Any
 import gradio as gr
 import pandas as pd
 
-from metasd import viz
-from metasd.policies import POLICIES, POLICY_HELP, single_drafter
-from metasd.presets import PRESETS
-from metasd.ui import text
+from metasd.bandits.policies import POLICIES, POLICY_HELP, single_drafter
+from metasd.core.validation import MAX_PROMPT_CHARS
+from metasd.models.presets import PRESETS
+from metasd.ui import text, viz
 from metasd.ui.bundles import available_presets, get_bundle
 from metasd.ui.compare import cancel_compare, compare_prompt, compare_set
 from metasd.ui.config import (
@@ -34,7 +34,6 @@ from metasd.ui.frames import plot
 from metasd.ui.generate import generate_view, measure_baseline, on_preset, policy_choices, stop_generation
 from metasd.ui.playground import PLAYGROUND_DRAFTERS, run_playground
 from metasd.ui.replay import gallery, open_link, replay_at, replay_rounds, replay_view, stop_replay
-from metasd.validation import MAX_PROMPT_CHARS
 
 # ----------------------------------------------------------------------------------------------
 # Helpers of the page
@@ -45,7 +44,7 @@ def _as_sent(payload: Any) -> Any:
 
 
 def take_as_sent(*components: gr.components.Component) -> None:
-    """Numbers reach the handlers as sent: metasd.validation checks their type and range, and its message
+    """Numbers reach the handlers as sent: metasd.core.validation checks their type and range, and its message
     names the setting (gradio's own check says only "Value 99 is greater than maximum value 16", and a
     wrong type gets no message at all). Set on the instance: a gradio subclass would write a .pyi file."""
     for c in components:

@@ -19,8 +19,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, fields
 from typing import Any
 
-from metasd.events import DrafterStats, RoundEvent, Summary
-from metasd.validation import InvalidInput
+from metasd.core.events import DrafterStats, RoundEvent, Summary
+from metasd.core.validation import InvalidInput
 
 FORMAT = "metasd-run"
 VERSION = 1

@@ -33,9 +33,9 @@ import torch.nn.functional as F
 from safetensors import safe_open
 from torch import nn
 
-from metasd.drafters import Draft, Drafter, draft_chain, fit_vocab
-from metasd.models import DRAFT_VOCAB
-from metasd.sampling import Sampling, warp
+from metasd.core.sampling import Sampling, warp
+from metasd.drafting.drafters import Draft, Drafter, draft_chain, fit_vocab
+from metasd.models.loading import DRAFT_VOCAB
 
 WHITEBOX_FORMAT = "metasd-white-box-1"
 
@@ -204,7 +204,7 @@ def own_state(head: WhiteBoxHead) -> dict[str, torch.Tensor]:
 def build_head(target, c: HeadConfig, draft_vocab: torch.Tensor | None, init_layer: int | None = None) -> WhiteBoxHead:
     """A head on `target`'s embedding and LM head (restricted to `draft_vocab`), its layer copied from the
     target's layer `init_layer` where given (a better start than random weights), its norm from the target's."""
-    from metasd.models import DraftHead
+    from metasd.models.loading import DraftHead
 
     lm = target.get_output_embeddings()
     head = WhiteBoxHead(c, target.get_input_embeddings(), lm if draft_vocab is None else DraftHead(lm, draft_vocab))
@@ -227,7 +227,7 @@ def build_head(target, c: HeadConfig, draft_vocab: torch.Tensor | None, init_lay
 def save_head(head: WhiteBoxHead, path: str | Path, info: dict) -> None:
     from safetensors.torch import save_file
 
-    from metasd.models import DraftHead
+    from metasd.models.loading import DraftHead
 
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)

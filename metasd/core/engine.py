@@ -19,15 +19,15 @@ from typing import Any
 import torch
 from transformers import DynamicCache
 
-from metasd.costs import EXTRA_ID_PRIOR, EXTRA_ID_PRIOR_PACKED, VerifyCost, best_length, expected_accepted, reward
-from metasd.cpu_linear import is_packed
-from metasd.drafters import Draft, Drafter, Verified, crop_to
-from metasd.events import DrafterStats, Event, RoundEvent, Summary
-from metasd.models import Bundle
-from metasd.policies import Choice, make_policy
-from metasd.priors import Priors, load_priors
-from metasd.sampling import Sampling, Verdict, verify, warp
-from metasd.validation import InvalidInput, Settings, clean_prompt, validate_settings
+from metasd.bandits.policies import Choice, make_policy
+from metasd.bandits.priors import Priors, load_priors
+from metasd.core.costs import EXTRA_ID_PRIOR, EXTRA_ID_PRIOR_PACKED, VerifyCost, best_length, expected_accepted, reward
+from metasd.core.events import DrafterStats, Event, RoundEvent, Summary
+from metasd.core.sampling import Sampling, Verdict, verify, warp
+from metasd.core.validation import InvalidInput, Settings, clean_prompt, validate_settings
+from metasd.drafting.drafters import Draft, Drafter, Verified, crop_to
+from metasd.models.cpu_linear import is_packed
+from metasd.models.loading import Bundle
 
 StopSignal = threading.Event | Callable[[], bool] | None
 Inspect = Callable[[DynamicCache, list[int], list[Drafter]], None]

@@ -2,7 +2,7 @@
 
     from metasd import Drafter, register_drafter
 
-    class EchoLast(Drafter): ...                       # reset / propose / predict, see metasd.drafters
+    class EchoLast(Drafter): ...                       # reset / propose / predict, see metasd.drafting.drafters
     register_drafter("echo-last", lambda bundle: EchoLast("echo-last"), kind="model-free",
                      description="repeats the last token")
 
@@ -23,10 +23,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from metasd.validation import InvalidInput
+from metasd.core.validation import InvalidInput
 
 if TYPE_CHECKING:
-    from metasd.drafters import Drafter
+    from metasd.drafting.drafters import Drafter
 
 # What `python -m metasd drafters` reports as a drafter's kind (docs/DESIGN.md §3).
 KINDS = ("model-free", "self", "model", "distilled", "white-box")
@@ -68,7 +68,7 @@ def unregister_drafter(name: str) -> None:
 
 
 def make_registered(name: str, bundle: Any) -> Drafter:
-    from metasd.drafters import Drafter
+    from metasd.drafting.drafters import Drafter
 
     d = _registry[name].make(bundle)
     if not isinstance(d, Drafter):

@@ -7,7 +7,7 @@ import html
 import pandas as pd
 import plotly.graph_objects as go
 
-from metasd.tables import BenchResult, summarize, summary_markdown
+from metasd.benchmark.tables import BenchResult, summarize, summary_markdown
 
 SPLIT_COLOURS = {"prefill": "#9e9e9e", "drafting": "#1f77b4", "verifying": "#ff7f0e", "bookkeeping": "#d62728",
                  "other": "#c7c7c7"}

@@ -16,12 +16,12 @@ from typing import Any
 
 import torch
 
-from metasd.presets import DrafterSpec, Preset
+from metasd.models.presets import DrafterSpec, Preset
 
 # The kind each built-in drafter kind is reported as (registry.KINDS).
 KIND = {"prompt-lookup": "model-free", "token-recycling": "model-free", "retrieval": "model-free",
         "layer-skip": "self", "model": "model", "distilled": "distilled", "white-box": "white-box"}
-COSTS_FILE = Path(__file__).resolve().parent.parent / "assets" / "drafters" / "costs.json"
+COSTS_FILE = Path(__file__).resolve().parents[2] / "assets" / "drafters" / "costs.json"
 # Prompts the cost runs draft on (one per kind of text; never a page example or a Spec-Bench prompt).
 COST_PROMPTS = (
     "Write a Python function that returns the n-th Fibonacci number iteratively.",
@@ -37,8 +37,8 @@ def kind_of(spec: DrafterSpec) -> str:
 def kind_by_name(name: str) -> str | None:
     """A drafter's kind from its name: the presets' drafters, then the registered ones (None: unknown,
     e.g. a name in a replayed run file from elsewhere)."""
-    from metasd.presets import PRESETS
-    from metasd.registry import registered
+    from metasd.drafting.registry import registered
+    from metasd.models.presets import PRESETS
 
     for p in PRESETS.values():
         for s in p.drafters:
@@ -51,11 +51,11 @@ def kind_by_name(name: str) -> str | None:
 def weights_of(spec: DrafterSpec) -> Path | None:
     """The file holding a drafter's own weights or data, where it has one in the repository."""
     if spec.kind in ("distilled", "white-box"):
-        from metasd.models import distilled_path
+        from metasd.models.loading import distilled_path
 
         return distilled_path(spec)
     if spec.kind == "retrieval":
-        from metasd.retrieval import DATASTORE_DIR
+        from metasd.drafting.retrieval import DATASTORE_DIR
 
         return DATASTORE_DIR / "offline.npy"
     return None
@@ -125,7 +125,7 @@ def measure_costs(bundle, names: list[str], max_new_tokens: int = 48, progress=p
                   prompts: tuple[str | list[int], ...] = COST_PROMPTS) -> tuple[dict[str, float], dict]:
     """c per drafter: its drafting time per drafted token, alone in the engine on COST_PROMPTS, over the
     target's one-token step; the target is timed between drafters so that machine load hits both alike."""
-    from metasd.engine import run
+    from metasd.core.engine import run
 
     c: dict[str, float] = {}
     ms: dict[str, float] = {}

@@ -14,7 +14,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
-from metasd.policies import POLICIES, single_drafter
+from metasd.bandits.policies import POLICIES, single_drafter
 
 T = TypeVar("T")
 
@@ -62,7 +62,7 @@ class Settings:
     free_feedback: bool = True
     adaptive: bool = True
     sleeping: bool = True
-    # Start the bandit from the preset's informed priors (metasd/priors.py) where it has them; False is
+    # Start the bandit from the preset's informed priors (metasd/bandits/priors.py) where it has them; False is
     # the paper's setting, every arm unknown.
     priors: bool = True
 

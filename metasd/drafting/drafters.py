@@ -14,7 +14,7 @@ import numpy as np
 import torch
 from transformers import DynamicCache, PreTrainedModel
 
-from metasd.sampling import Sampling, sample_or_argmax, warp
+from metasd.core.sampling import Sampling, sample_or_argmax, warp
 
 
 @dataclass(frozen=True)
@@ -69,7 +69,7 @@ class Drafter(ABC):
         (only the user's own tokens, at most `seed_rows` of them, never the template's scaffolding)."""
 
     # The target's hidden states this drafter reads (indices into its `hidden_states`: 0 the embeddings,
-    # L the final normed state). White-box drafters (metasd/whitebox.py) ask; the engine then has every
+    # L the final normed state). White-box drafters (metasd/drafting/whitebox.py) ask; the engine then has every
     # target pass return them and hands over the rows it keeps.
     feature_layers: tuple[int, ...] = ()
 
@@ -304,7 +304,7 @@ class ModelDrafter(Drafter):
         self.offset = 0  # ...which are ids[offset : offset + len(cached)] (0 unless windowed)
 
     # The target's hidden states this drafter reads (indices into its `hidden_states`: 0 the embeddings,
-    # L the final normed state). White-box drafters (metasd/whitebox.py) ask; the engine then has every
+    # L the final normed state). White-box drafters (metasd/drafting/whitebox.py) ask; the engine then has every
     # target pass return them and hands over the rows it keeps.
     feature_layers: tuple[int, ...] = ()
 

@@ -33,16 +33,16 @@ from typing import Any
 import pandas as pd
 import torch
 
-from metasd.engine import encode_prompt, run, target_greedy
-from metasd.events import RoundEvent
-from metasd.models import Bundle
-from metasd.policies import POLICIES, single_drafter, single_method
-from metasd.presets import DEFAULT_PRESET, PRESETS
-from metasd.priors import DEFAULT_WEIGHT, PRIOR_REWARDS, PRIORS_DIR, PRIORS_FORMAT
-from metasd.tables import BenchResult, summarize, summary_markdown
-from metasd.validation import REWARDS, InvalidInput, clean_prompt, first_per_category, parse_prompt_set
+from metasd.bandits.policies import POLICIES, single_drafter, single_method
+from metasd.bandits.priors import DEFAULT_WEIGHT, PRIOR_REWARDS, PRIORS_DIR, PRIORS_FORMAT
+from metasd.benchmark.tables import BenchResult, summarize, summary_markdown
+from metasd.core.engine import encode_prompt, run, target_greedy
+from metasd.core.events import RoundEvent
+from metasd.core.validation import REWARDS, InvalidInput, clean_prompt, first_per_category, parse_prompt_set
+from metasd.models.loading import Bundle
+from metasd.models.presets import DEFAULT_PRESET, PRESETS
 
-EXAMPLES_FILE = Path(__file__).resolve().parent.parent / "assets" / "examples.json"
+EXAMPLES_FILE = Path(__file__).resolve().parents[2] / "assets" / "examples.json"
 BENCH_FILE_MAX_BYTES = 200_000_000  # a local prompts file (Spec-Bench's is 0.7 MB)
 DEFAULT_PLD_TOKENS = 10  # transformers' prompt lookup as docs/DESIGN.md §4 reports it
 RESULT_COLUMNS = [
@@ -471,7 +471,7 @@ def write_outputs(result: BenchResult, out_dir: str | Path, html: bool = True) -
     paths["summary.md"].write_text(summary_markdown(result), encoding="utf-8")
     paths["meta.json"].write_text(json.dumps(result.meta, indent=2), encoding="utf-8")
     if html:
-        from metasd.report import report_html
+        from metasd.benchmark.report import report_html
 
         paths["report.html"].write_text(report_html(result), encoding="utf-8")
     else:
@@ -515,7 +515,7 @@ def add_bench_args(sub: argparse._SubParsersAction) -> None:
 def cmd_bench(a: argparse.Namespace) -> int:
     import transformers
 
-    from metasd.models import load_bundle
+    from metasd.models.loading import load_bundle
 
     if a.max_new_tokens < 1 or a.max_new_tokens > 4096:
         raise InvalidInput(f"max_new_tokens must be between 1 and 4096, got {a.max_new_tokens}")
@@ -550,7 +550,7 @@ def cmd_bench(a: argparse.Namespace) -> int:
 
 
 # ---------------------------------------------------------------------------------------------
-# Informed priors (metasd/priors.py): measured with the benchmark's prompts and runner
+# Informed priors (metasd/bandits/priors.py): measured with the benchmark's prompts and runner
 
 
 def measure_priors(bundle: Bundle, prompts: list[Prompt], max_new_tokens: int, weight: float = DEFAULT_WEIGHT,
@@ -592,7 +592,7 @@ def add_priors_args(sub: argparse._SubParsersAction) -> None:
 
 
 def cmd_priors(a: argparse.Namespace) -> int:
-    from metasd.models import load_bundle
+    from metasd.models.loading import load_bundle
 
     everything = load_prompts(a.prompts, spec_bench_tasks=True)
     skipped = set(id(p) for p in first_per_category(everything, a.skip_per_category, category=lambda p: p.category))

@@ -21,7 +21,7 @@ import math
 from collections.abc import Callable
 from typing import Any
 
-from metasd.presets import DEFAULT_PRESET
+from metasd.models.presets import DEFAULT_PRESET
 
 # Tokens per second a request is assumed to reach at worst, per preset, in bf16 on one ZeroGPU slice
 # (an H200 share). Batch-1 decoding of these models is bound by per-step overhead, not by arithmetic.

@@ -1,6 +1,6 @@
 """Distil small domain drafters from the offline target (SmolLM2-135M-Instruct), on a CPU.
 
-    python -m metasd.train --domain math --out assets/drafters/math-drafter.safetensors
+    python -m metasd.training.train --domain math --out assets/drafters/math-drafter.safetensors
 
 A drafter is a one-layer Llama decoder of the target's width: it reads the target's frozen
 embedding table and writes through the target's frozen LM head restricted to a draft vocabulary
@@ -8,7 +8,7 @@ embedding table and writes through the target's frozen LM head restricted to a d
 cost twice the layer), so only its own layer and final norm are trained and shipped (about 7 MB
 in fp16, plus the vocabulary's ids). It starts as a copy of one of the target's layers
 (`--init-layer`) and learns the target's next-token distributions on the target's own answers
-to templated prompts of its domain (on-policy distillation, metasd/train_data.py):
+to templated prompts of its domain (on-policy distillation, metasd/training/train_data.py):
 
 1. data: the target answers the prompts greedily, batched, through the chat template; the logits
    it computed for every answer token are kept as soft labels (top-k log-probabilities);
@@ -39,7 +39,7 @@ from safetensors.torch import save_file
 from tqdm import tqdm
 from transformers import LlamaForCausalLM, PreTrainedModel
 
-from metasd.models import (
+from metasd.models.loading import (
     DISTILLED_FORMAT,
     DRAFT_VOCAB,
     DraftHead,
@@ -320,7 +320,7 @@ def build_examples(target, tokenizer, domain: str, prompts: int, max_new_tokens:
 
     `exclude`: leave out the `exclude` training prompts of `exclude_seed`, for held-out data.
     """
-    from metasd.train_data import domain_prompts, stdlib_chunks
+    from metasd.training.train_data import domain_prompts, stdlib_chunks
 
     texts = domain_prompts(domain, prompts + exclude, seed)
     if exclude:
@@ -374,7 +374,8 @@ def write_card(path: str | Path, eval_dir: str | Path | None = None) -> Path:
          "used most on the training data; the head is the target's, restricted to those rows"
          if info.get("draft_vocab") and DRAFT_VOCAB in names else "- head: the target's full LM head"), "",
         "## Data", "",
-        f"- {info.get('prompts')} templated {info.get('domain')} prompts (metasd/train_data.py, seed {info.get('seed')}; "
+        f"- {info.get('prompts')} templated {info.get('domain')} prompts (metasd/training/train_data.py, "
+        f"seed {info.get('seed')}; "
         "none is a Spec-Bench prompt), answered greedily by the target through its chat template, "
         f"at most {info.get('max_new_tokens')} new tokens each (on-policy distillation)"
         + (f", plus {info.get('text_chunks')} chunks of Python standard-library source" if info.get("text_chunks") else ""),
@@ -439,10 +440,10 @@ def domain_data(a: argparse.Namespace, bundle, chunks: int) -> tuple[list[Exampl
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m metasd.train", description=__doc__.split("\n\n")[0])
+    ap = argparse.ArgumentParser(prog="python -m metasd.training.train", description=__doc__.split("\n\n")[0])
     ap.add_argument("--kind", choices=["distilled", "white-box"], default="distilled",
                     help="distilled: a one-layer model on token ids; white-box: an EAGLE-style head on the "
-                         "target's hidden states (metasd/whitebox.py)")
+                         "target's hidden states (metasd/drafting/whitebox.py)")
     ap.add_argument("--domain", choices=["code", "math", "chat"])
     ap.add_argument("--out", help="where to write NAME.safetensors (its model card NAME.md goes beside it)")
     ap.add_argument("--card", help="only (re)write the model card of this drafter file")
@@ -472,8 +473,8 @@ def main(argv: list[str] | None = None) -> int:
     if a.card:
         from safetensors import safe_open
 
-        from metasd.train_whitebox import write_head_card
-        from metasd.whitebox import WHITEBOX_FORMAT
+        from metasd.drafting.whitebox import WHITEBOX_FORMAT
+        from metasd.training.train_whitebox import write_head_card
 
         with safe_open(a.card, framework="pt") as f:
             head = (f.metadata() or {}).get("format") == WHITEBOX_FORMAT
@@ -482,7 +483,7 @@ def main(argv: list[str] | None = None) -> int:
     if not a.domain or not a.out:
         ap.error("--domain and --out are required to train")
 
-    from metasd.models import load_bundle
+    from metasd.models.loading import load_bundle
 
     torch.set_num_threads(a.threads)
     torch.manual_seed(a.seed)
@@ -495,7 +496,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"[train] {len(train_ex)} training sequences, {labels} labelled tokens ({gen_s:.0f} s of target time)",
           file=sys.stderr)
     if a.kind == "white-box":
-        from metasd.train_whitebox import run_white_box
+        from metasd.training.train_whitebox import run_white_box
 
         return run_white_box(a, bundle, train_ex, eval_ex, gen_s, chunks, t_start)
 

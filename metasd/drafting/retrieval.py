@@ -47,10 +47,10 @@ from typing import Any
 import numpy as np
 import torch
 
-from metasd.drafters import Draft, Drafter
+from metasd.drafting.drafters import Draft, Drafter
 
 SEPARATOR = 0xFFFF  # ends every document of a datastore; never a token id
-DATASTORE_DIR = Path(__file__).resolve().parent.parent / "assets" / "datastore"
+DATASTORE_DIR = Path(__file__).resolve().parents[2] / "assets" / "datastore"
 DEFAULT_NAME = "retrieval"
 
 
@@ -394,8 +394,8 @@ def make_retrieval(bundle: Any, name: str = DEFAULT_NAME, path: str | Path | Non
 
 
 def register(name: str = DEFAULT_NAME, path: str | Path | None = None, **params: Any) -> None:
-    """Make `name` a drafter of every bundle (metasd.registry); the preset's own spec, if any, takes precedence."""
-    from metasd.registry import register_drafter
+    """Make `name` a drafter of every bundle (metasd.drafting.registry); the preset's own spec, if any, takes precedence."""
+    from metasd.drafting.registry import register_drafter
 
     def make(bundle: Any) -> RetrievalDrafter:
         return make_retrieval(bundle, name, path, **params)

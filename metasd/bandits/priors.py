@@ -11,7 +11,7 @@ prompt on which an arm does better or worse than its prior moves the mean within
 
     python -m metasd priors --preset offline --prompts ../shared/specbench/question.jsonl
 
-(the command lives in metasd/bench.py: it runs the engine, which reads this module.)
+(the command lives in metasd/benchmark/bench.py: it runs the engine, which reads this module.)
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-PRIORS_DIR = Path(__file__).resolve().parent.parent / "assets" / "priors"
+PRIORS_DIR = Path(__file__).resolve().parents[2] / "assets" / "priors"
 PRIORS_FORMAT = "metasd-priors-1"
 DEFAULT_WEIGHT = 3.0  # pseudo-rounds per arm: a prior worth three real rounds, so a prompt overrides it quickly
 PRIOR_REWARDS = ("bd", "be")  # throughput depends on the machine's timings: it starts cold

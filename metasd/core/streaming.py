@@ -29,7 +29,7 @@ from typing import Any, TypeVar
 
 import torch
 
-from metasd.events import Event, Summary
+from metasd.core.events import Event, Summary
 
 DEFAULT_MAX_FPS = 8.0
 T = TypeVar("T")

@@ -2,7 +2,7 @@
 
 Every domain's prompts come from templates filled with random names, numbers and topics (and,
 for code, snippets of Python's own standard library), so any fresh machine rebuilds the same set
-from a seed. The target then answers them (on-policy distillation, see metasd/train.py).
+from a seed. The target then answers them (on-policy distillation, see metasd/training/train.py).
 None of these prompts is a Spec-Bench prompt: `drop_benchmark_prompts` removes any exact match.
 """
 

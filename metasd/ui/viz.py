@@ -24,9 +24,9 @@ import plotly.graph_objects as go
 import plotly.io as pio
 from plotly.subplots import make_subplots
 
-from metasd.catalog import kind_by_name
-from metasd.events import RoundEvent, Summary
-from metasd.policies import single_drafter
+from metasd.bandits.policies import single_drafter
+from metasd.core.events import RoundEvent, Summary
+from metasd.drafting.catalog import kind_by_name
 
 # Okabe-Ito's colour-blind-safe palette (darkened where a colour is too light for an underline on
 # white); a drafter keeps its colour, and its underline style, by its index in the preset. Colour is
@@ -536,7 +536,7 @@ def speedup_bars(df: pd.DataFrame, colors: Mapping[str, str] | None = None) -> g
 
 
 # --------------------------------------------------------------------------------------------
-# Bandit playground (results of metasd.playground.simulate)
+# Bandit playground (results of metasd.bandits.playground.simulate)
 
 
 def playground_probability_figure(results: Sequence[Any], colors: Mapping[str, str], max_points: int = 400) -> go.Figure:

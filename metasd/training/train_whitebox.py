@@ -1,8 +1,8 @@
-"""Training a white-box head (metasd/whitebox.py) on the target's own answers and hidden states, on a CPU.
+"""Training a white-box head (metasd/drafting/whitebox.py) on the target's own answers and hidden states, on a CPU.
 
-    python -m metasd.train --kind white-box --domain code --out assets/drafters/code-eagle.safetensors
+    python -m metasd.training.train --kind white-box --domain code --out assets/drafters/code-eagle.safetensors
 
-The data are the distilled drafters' (metasd/train.py: the target's greedy answers to templated prompts of
+The data are the distilled drafters' (metasd/training/train.py: the target's greedy answers to templated prompts of
 the domain, with its top-k next-token log-probabilities at every answer token), plus the target's hidden
 states at the head's feature layers, from one teacher-forced pass over each sequence.
 
@@ -25,8 +25,8 @@ from pathlib import Path
 import torch
 from tqdm import tqdm
 
-from metasd.train import Example
-from metasd.whitebox import WhiteBoxHead
+from metasd.drafting.whitebox import WhiteBoxHead
+from metasd.training.train import Example
 
 
 @dataclass
@@ -117,7 +117,7 @@ def unrolled_states(head: WhiteBoxHead, ids: torch.Tensor, feats: torch.Tensor, 
 def unrolled_loss(head: WhiteBoxHead, batch: list[Sequence], unroll: int) -> tuple[torch.Tensor, list[torch.Tensor]]:
     """Weighted soft cross-entropy over `unroll` training-time-test steps; and each step's top-1 agreement
     with the target per labelled position."""
-    from metasd.models import DraftHead
+    from metasd.models.loading import DraftHead
 
     dev = next(head.parameters()).device
     ids, feats = batch_tensors(batch, dev)
@@ -164,7 +164,7 @@ def train_head(head: WhiteBoxHead, data: list[Sequence], steps: int, unroll: int
                lr: float = 1e-3, warmup: int = 30, seed: int = 0, budget_s: float = 0.0, desc: str = "white-box") -> dict:
     """AdamW on the head's own weights (fuse, fc, layer, norm); stops at `steps` or after `budget_s` seconds.
     The agreement it reports is step 1's (the first draft position)."""
-    from metasd.train import fit
+    from metasd.training.train import fit
 
     params = list(head.parameters())  # the shared embedding and LM head are held, not registered
     for p in params:
@@ -183,11 +183,11 @@ def train_head(head: WhiteBoxHead, data: list[Sequence], steps: int, unroll: int
 
 def run_white_box(a, bundle, train_ex: list[Example], eval_ex: list[Example], gen_s: float, chunks: int,
                   t_start: float) -> int:
-    """`python -m metasd.train --kind white-box`: features, draft vocabulary, training, the fp16 file, its card."""
+    """`python -m metasd.training.train --kind white-box`: features, draft vocabulary, training, the fp16 file, its card."""
     import json
 
-    from metasd.train import draft_vocabulary
-    from metasd.whitebox import HeadConfig, build_head, load_head, read_head_info, save_head
+    from metasd.drafting.whitebox import HeadConfig, build_head, load_head, read_head_info, save_head
+    from metasd.training.train import draft_vocabulary
 
     target = bundle.target
     c = HeadConfig.from_target(target.config)
@@ -236,7 +236,7 @@ def write_head_card(path) -> Path:
 
     from safetensors import safe_open
 
-    from metasd.whitebox import DRAFT_VOCAB, read_head_info
+    from metasd.drafting.whitebox import DRAFT_VOCAB, read_head_info
 
     path = Path(path)
     config, info = read_head_info(path)
@@ -258,7 +258,8 @@ def write_head_card(path) -> Path:
         f"fp16 on disk; draft vocabulary {info.get('draft_vocab'):,} ids",
         f"- layer initialised from the target's layer {info.get('init_layer')}", "",
         "## Data", "",
-        f"- {info.get('prompts')} templated {info.get('domain')} prompts (metasd/train_data.py, seed {info.get('seed')}; "
+        f"- {info.get('prompts')} templated {info.get('domain')} prompts (metasd/training/train_data.py, "
+        f"seed {info.get('seed')}; "
         "none is a Spec-Bench prompt) answered greedily by the target, at most "
         f"{info.get('max_new_tokens')} new tokens each"
         + (f", plus {info.get('text_chunks')} chunks of Python standard-library source" if info.get("text_chunks") else ""),

@@ -1,0 +1,1 @@
+"""Policies that choose the drafter each round, their informed priors, and the playground's simulator."""

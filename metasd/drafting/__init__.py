@@ -1,0 +1,1 @@
+"""Drafters: the interface and the built-in drafters, the registry, retrieval, white-box heads, the catalog."""
