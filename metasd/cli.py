@@ -11,6 +11,7 @@ import os
 import sys
 from typing import Any
 
+from metasd.core import defaults
 from metasd.models.presets import DEFAULT_PRESET, PRESETS
 
 # A distinct terminal colour per drafter (cycled); the target's own tokens stay plain.
@@ -19,20 +20,22 @@ _RESET, _STRIKE, _DIM = "\033[0m", "\033[9m", "\033[2m"
 
 
 def _generate_args(sub: argparse._SubParsersAction) -> None:
-    g = sub.add_parser("generate", help="generate from one prompt with MetaSD")
+    g = sub.add_parser("generate", help="generate from one prompt with MetaSD",
+                       description=f"Generate from one prompt with MetaSD; {defaults.describe()}.")
     g.add_argument("prompt")
     g.add_argument("--preset", default=DEFAULT_PRESET, help=f"one of {', '.join(PRESETS)}")
     g.add_argument("--drafters", default=None, help="comma-separated drafter names (default: the preset's bandit arms; "
                    "`python -m metasd drafters` lists them)")
-    g.add_argument("--policy", default="metasd-ucb", help="metasd-ucb (default), metasd-ucb-cost, exp3, thompson, hedge, ... "
-                   "or single:<drafter>")
-    g.add_argument("--reward", default="bd", help="bd (block divergence, default), be (block efficiency) or throughput")
-    g.add_argument("--gamma", default=None, help="draft length (default: the preset's)")
-    g.add_argument("--max-new-tokens", default=128, help="default: %(default)s")
-    g.add_argument("--temperature", default=0.0, help="0 is greedy (default: %(default)s)")
-    g.add_argument("--top-p", default=1.0, help="default: %(default)s (no nucleus cut)")
-    g.add_argument("--top-k", default=0, help="default: %(default)s (no top-k cut)")
-    g.add_argument("--seed", default=0, help="seeds the sampling and the policy (default: %(default)s)")
+    g.add_argument("--policy", default=defaults.POLICY, help="metasd-ucb-cost, metasd-ucb, exp3, thompson, hedge, ... "
+                   "or single:<drafter> (default: %(default)s)")
+    g.add_argument("--reward", default=defaults.REWARD,
+                   help="bd (block divergence), be (block efficiency) or throughput (default: %(default)s)")
+    g.add_argument("--gamma", default=defaults.GAMMA, help="draft length (default: the preset's)")
+    g.add_argument("--max-new-tokens", default=defaults.MAX_NEW_TOKENS, help="default: %(default)s")
+    g.add_argument("--temperature", default=defaults.TEMPERATURE, help="0 is greedy (default: %(default)s)")
+    g.add_argument("--top-p", default=defaults.TOP_P, help="default: %(default)s (no nucleus cut)")
+    g.add_argument("--top-k", default=defaults.TOP_K, help="default: %(default)s (no top-k cut)")
+    g.add_argument("--seed", default=defaults.SEED, help="seeds the sampling and the policy (default: %(default)s)")
     g.add_argument("--full-info", action="store_true", help="score every drafter on every verified chunk")
     g.add_argument("--cold", action="store_true",
                    help="start the bandit cold (the paper's setting), not from the preset's informed priors")

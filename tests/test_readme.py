@@ -24,6 +24,7 @@ from tests.app_server import free_port
 from tests.test_start import ROOT, scrubbed_env, started
 
 README = ROOT / "README.md"
+BENCHMARKS = ROOT / "docs" / "BENCHMARKS.md"  # the full, dated tables and the commands that made them
 CLI_TIMEOUT_S = 180
 
 # (program, subcommand) of every command kind that has a smoke test in this file.
@@ -53,6 +54,11 @@ def readme() -> str:
     return README.read_text(encoding="utf-8")
 
 
+@cache
+def benchmarks() -> str:
+    return BENCHMARKS.read_text(encoding="utf-8")
+
+
 def fenced_blocks(text: str) -> list[tuple[str, str]]:
     """(language, body) of every fenced code block."""
     return re.findall(r"^```([\w+-]*)[ \t]*\n(.*?)^```[ \t]*$", text, re.M | re.S)
@@ -63,10 +69,11 @@ def python_blocks() -> list[str]:
 
 
 @cache
-def shell_commands() -> tuple[str, ...]:
-    """Every command line of the README's shell blocks, continuation lines joined, comments dropped."""
+def shell_commands(doc: str = "readme") -> tuple[str, ...]:
+    """Every command line of a document's shell blocks (the README's, or docs/BENCHMARKS.md's),
+    continuation lines joined, comments dropped."""
     cmds: list[str] = []
-    for lang, body in fenced_blocks(readme()):
+    for lang, body in fenced_blocks(readme() if doc == "readme" else benchmarks()):
         if lang not in ("bash", "sh", "shell", "console"):
             continue
         continued = False
@@ -96,10 +103,16 @@ def kind(cmd: str) -> tuple[str, str | None]:
     return tokens[0], cmd
 
 
-def commands_of(key: tuple[str, str | None]) -> list[str]:
-    found = [c for c in shell_commands() if kind(c) == key]
-    assert found, f"the README shows no {' '.join(k for k in key if k)} command any more: drop its smoke test"
+def commands_of(key: tuple[str, str | None], doc: str = "readme") -> list[str]:
+    found = [c for c in shell_commands(doc) if kind(c) == key]
+    assert found or doc != "readme", (
+        f"the README shows no {' '.join(k for k in key if k)} command any more: drop its smoke test")
     return found
+
+
+def all_commands_of(key: tuple[str, str | None]) -> list[str]:
+    """The README's commands of a kind, then docs/BENCHMARKS.md's."""
+    return commands_of(key) + commands_of(key, "benchmarks")
 
 
 def program(cmd: str) -> str:
@@ -147,8 +160,14 @@ def test_readme_has_commands_and_snippets():
 
 
 def test_every_readme_command_has_a_smoke_test():
-    unknown = sorted({c for c in shell_commands() if kind(c) not in COVERED})
-    assert not unknown, f"README commands without a smoke test in tests/test_readme.py: {unknown}"
+    unknown = sorted({c for c in shell_commands() + shell_commands("benchmarks") if kind(c) not in COVERED})
+    assert not unknown, f"README or BENCHMARKS commands without a smoke test in tests/test_readme.py: {unknown}"
+
+
+def test_benchmarks_doc_has_commands():
+    """docs/BENCHMARKS.md gives the command of its runs: bench and training ones at least."""
+    kinds = {kind(c) for c in shell_commands("benchmarks")}
+    assert {("metasd", "bench"), ("metasd.training.train", None)} <= kinds, kinds
 
 
 @pytest.mark.timeout(120)
@@ -157,7 +176,7 @@ def test_readme_subcommands_are_real():
     listed = re.search(r"\{([\w,-]+)\}", help_text("metasd"))
     assert listed, help_text("metasd")
     real = set(listed.group(1).split(","))
-    named = set(re.findall(r"(?:\.venv/bin/)?python3? -m metasd ([A-Za-z][\w-]*)", readme()))
+    named = set(re.findall(r"(?:\.venv/bin/)?python3? -m metasd ([A-Za-z][\w-]*)", readme() + benchmarks()))
     assert named, "the README names no metasd subcommand"
     assert named <= real, f"the README names subcommands the CLI lacks: {sorted(named - real)} (it has {sorted(real)})"
 
@@ -167,10 +186,10 @@ def test_readme_subcommands_are_real():
                                  ("metasd", "replay"), ("metasd.training.train", None)],
                          ids=["generate", "bench", "drafters", "replay", "train"])
 def test_readme_flags_exist(key):
-    """Every flag the README shows for a command is in that command's --help."""
+    """Every flag the README (or docs/BENCHMARKS.md) shows for a command is in that command's --help."""
     module, sub = key
     text = help_text(module, *([sub] if sub else []))
-    shown = sorted({f for cmd in commands_of(key) for f in flags(cmd)})
+    shown = sorted({f for cmd in all_commands_of(key) for f in flags(cmd)})
     assert shown, commands_of(key)
     missing = [f for f in shown if not re.search(rf"(?<![\w-]){re.escape(f)}(?![\w-])", text)]
     assert not missing, f"flags the README shows for {module} {sub or ''} but --help lacks: {missing}\n{text}"
@@ -219,18 +238,31 @@ def test_readme_presets_and_methods_are_real():
 
     offline = PRESETS["offline"]
     models = [d.name for d in offline.drafters if d.kind not in ("prompt-lookup", "token-recycling", "retrieval")]
-    for cmd in commands_of(("metasd", "bench")):
+    for cmd in all_commands_of(("metasd", "bench")):
         m = re.search(r"--methods (\S+)", cmd)
         if m and "," in m.group(1) and "m1" not in m.group(1):
             shown = m.group(1).split(",")
             parsed = [x.name for x in parse_methods(m.group(1), offline.drafter_names, models)]
             assert parsed == shown, (shown, parsed)
-            main_table = readme().split("## Benchmarks", 1)[1].split("\n### ", 1)[0]  # the first table of the section
-            bench_rows = [r.strip("* ") for r in re.findall(r"^\| (\**[\w:.@+-]+\**) \| [\d.]+x", main_table, re.M)]
-            assert bench_rows == shown, f"the benchmark table's methods {bench_rows} vs the command's {shown}"
+            full = method_rows(benchmarks().split("\n## Spec-Bench", 1)[1].split("\n## ", 1)[0])
+            assert list(full) == shown, f"BENCHMARKS' Spec-Bench table's methods {list(full)} vs the command's {shown}"
+            headline = method_rows(readme().split("## Benchmarks", 1)[1].split("\n## ", 1)[0])
+            assert headline, "the README's headline benchmark table"
+            for method, row in headline.items():  # the README's rows are the full table's, figure for figure
+                assert full.get(method) == row, f"README row {method!r} differs from docs/BENCHMARKS.md: {row!r}"
             break
     else:
-        pytest.fail("the README's benchmark command has no --methods list")
+        pytest.fail("no benchmark command with a --methods list in the README or docs/BENCHMARKS.md")
+
+
+def method_rows(section: str) -> dict[str, str]:
+    """method -> its cells, from the first table of a section whose rows read `| method | 1.23x | ...`."""
+    tables = re.findall(r"(?:^\|.*\n?)+", section, re.M)
+    for table in tables:
+        rows = re.findall(r"^\| (\**[\w:.@+-]+\**) (\| [\d.]+x.*)$", table, re.M)
+        if rows:
+            return {name.strip("*"): cells.replace("*", "") for name, cells in rows}
+    return {}
 
 
 def test_readme_json_contract_is_documented():
@@ -440,14 +472,17 @@ def test_make_run_serves_and_gradio_client_snippet_runs():
 # Files and front matter
 
 
-def referenced_paths() -> set[str]:
-    text = readme()
+def referenced_paths(doc: str = "readme") -> set[str]:
+    """Repository paths a document names in links, code spans and (the README) its layout map."""
+    text = readme() if doc == "readme" else benchmarks()
     paths = set(re.findall(r"\]\(((?!https?:)[^)\s]+)\)", text))  # markdown links and images
     for span in re.findall(r"`([^`\n]+)`", text):
         if span in OUTPUT_FILES or re.search(r"[\s:<$=]", span) or span.startswith(("~", "/", "-", ".safetensors")):
             continue
         if "/" in span or re.fullmatch(r"[\w.-]+\.(py|md|txt|sh|toml|json|css)|Spacefile|Makefile", span):
             paths.add(span)
+    if doc != "readme":
+        return paths
     tree = next(body for lang, body in fenced_blocks(text) if body.startswith("metasd/"))
     parents = ["metasd/"]  # the folder at each depth (two spaces a level)
     for line in tree.splitlines()[1:]:
@@ -469,6 +504,23 @@ def test_readme_paths_exist():
     missing = {p for p in paths if not list(ROOT.glob(p.rstrip("/")))}
     assert missing == KNOWN_MISSING, (f"files the README names that do not exist: {sorted(missing - KNOWN_MISSING)}; "
                                       f"now present, take off KNOWN_MISSING: {sorted(KNOWN_MISSING - missing)}")
+
+
+def test_benchmarks_doc_paths_exist():
+    paths = referenced_paths("benchmarks")
+    assert {"assets/drafters/costs.json", "scripts/measure_verify.py"} <= paths, sorted(paths)
+    missing = sorted(p for p in paths if not list(ROOT.glob(p.rstrip("/"))))
+    assert not missing, f"files docs/BENCHMARKS.md names that do not exist: {missing}"
+
+
+def test_readme_fits_and_stays_inside_the_repository():
+    """The front door fits on a screen or two and speaks only of what a reader of the repository sees."""
+    lines = readme().count("\n")
+    assert lines <= 350, f"README.md has {lines} lines; the full tables belong in docs/BENCHMARKS.md"
+    for doc, text in (("README.md", readme()), ("docs/BENCHMARKS.md", benchmarks())):
+        for word in (r"\bissues?\b", r"\bbar\b", r"(?<!-)\bbudget\b(?!-)"):
+            hit = re.search(rf"[^\n]*{word}[^\n]*", text, re.I)
+            assert not hit, f"{doc} speaks of something outside the repository: {hit.group(0)!r}"
 
 
 def test_front_matter_matches_requirements():

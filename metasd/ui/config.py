@@ -15,6 +15,7 @@ from typing import Any
 
 import torch
 
+from metasd.core import defaults
 from metasd.drafting.registry import load_plugins
 from metasd.models.spaces import duration_of
 
@@ -66,12 +67,10 @@ EXAMPLES: list[dict[str, Any]] = json.loads((ASSETS / "examples.json").read_text
 TASKS = list(dict.fromkeys(e["category"] for e in EXAMPLES))
 TASK_TITLES = {"translation": "Translation", "summarization": "Summarization", "qa": "QA", "math": "Math",
                "rag": "RAG", "code": "Code", "chat": "Chat"}
-# The page's defaults. The cost-aware bandit: on this 2-core CPU it beat the paper's MetaSD-UCB on all 14
-# examples while a rejected draft cost more than a plain step, and with the packed linear layers it is
-# still ahead on Spec-Bench (1.45x against 1.42x, README); the paper's policy stays one click away. The
-# RAG example opens the page: it shows prompt lookup and retrieval copying from the context (1.56x in
-# the benchmark, README "Every page example").
-PAGE_POLICY = "metasd-ucb-cost"
+# The page's defaults come from metasd.core.defaults (the API and the CLI share them). The RAG example
+# opens the page: it shows prompt lookup and retrieval copying from the context (1.71x with the page's
+# policy in the benchmark of 2026-12-01, docs/BENCHMARKS.md "Every page example").
+PAGE_POLICY = defaults.POLICY
 PAGE_EXAMPLE = next(i for i, e in enumerate(EXAMPLES) if e["question_id"] == "ex-rag-1")
 REWARD_CHOICES = [("block divergence (bd)", "bd"), ("block efficiency (be)", "be"), ("throughput", "throughput")]
 

@@ -12,6 +12,7 @@ from typing import Any
 import gradio as gr
 
 from metasd.bandits.policies import POLICIES, single_method
+from metasd.core import defaults
 from metasd.core.engine import encode_prompt, generate
 from metasd.core.numerics import first_divergence
 from metasd.core.streaming import EngineStream
@@ -38,9 +39,10 @@ from metasd.ui.session import STOPS, RunRecord, session_key
 
 @gpu
 def generate_view(prompt: str, preset: str = DEFAULT_PRESET, drafters: list[str] | None = None,
-                  policy: str = "metasd-ucb", reward: str = "bd", gamma: int = 4, max_new_tokens: int = 128,
-                  temperature: float = 0.0, top_p: float = 1.0, seed: int = 0, full_info: bool = False,
-                  cold: bool = False, baselines: dict | None = None, request: gr.Request = None):
+                  policy: str = defaults.POLICY, reward: str = defaults.REWARD, gamma: int | None = defaults.GAMMA,
+                  max_new_tokens: int = defaults.MAX_NEW_TOKENS, temperature: float = defaults.TEMPERATURE,
+                  top_p: float = defaults.TOP_P, seed: int = defaults.SEED, full_info: bool = defaults.FULL_INFO,
+                  cold: bool = defaults.COLD, baselines: dict | None = None, request: gr.Request = None):
     """Stream a generation. The engine runs at full speed in its own worker (metasd.core.streaming); the page
     draws the latest state at most FRAME_FPS times a second (figures and table at most every
     PLOT_INTERVAL_S) and always ends on one complete final frame. Outputs: token view, arm
@@ -48,6 +50,7 @@ def generate_view(prompt: str, preset: str = DEFAULT_PRESET, drafters: list[str]
     bundle = bundle_for(preset)
     names = bundle.drafter_names
     drafters = _drafters_asked(names, drafters)
+    gamma = bundle.preset.gamma if gamma is None else gamma  # None: the preset's (metasd.core.defaults)
     settings = {"policy": policy, "reward": reward, "gamma": gamma, "max_new_tokens": max_new_tokens,
                 "temperature": temperature, "top_p": top_p, "seed": seed, "full_info": full_info,
                 "priors": not cold}

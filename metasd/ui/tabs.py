@@ -14,6 +14,7 @@ import gradio as gr
 import pandas as pd
 
 from metasd.bandits.policies import POLICIES, POLICY_HELP, single_drafter
+from metasd.core import defaults
 from metasd.core.validation import MAX_PROMPT_CHARS
 from metasd.models.presets import PRESETS
 from metasd.ui import text, viz
@@ -225,6 +226,7 @@ def _wire_generate(c: GenerateControls, a: GenerateAnswer, baselines: gr.State, 
     busy = gr.on([c.run_btn.click, c.prompt.submit], _running, None, buttons, queue=False,
                  api_visibility="private", trigger_mode="once")
     gen = busy.then(generate_view, gen_inputs, gen_outputs, api_name="generate", concurrency_limit=concurrency,
+                    api_description=f"Stream a generation from a prompt; {defaults.describe()}.",
                     concurrency_id="model", show_progress="full", show_progress_on=[a.tokens])
     # A refused request (gr.Error) ends the chain in the browser: give the buttons back there too.
     gen.failure(_idle, None, buttons, api_visibility="private", queue=False)
@@ -254,7 +256,7 @@ def build_compare_tab(preset0: str) -> None:
         gr.Markdown(text.COMPARE_INTRO, elem_classes="compact-md")
         with gr.Row():
             c_preset = gr.Dropdown(available_presets(), value=preset0, label="Preset", scale=1)
-            c_policy = gr.Dropdown([n for n in POLICIES], value="metasd-ucb", label="Bandit policy", scale=1)
+            c_policy = gr.Dropdown([n for n in POLICIES], value=defaults.POLICY, label="Bandit policy", scale=1)
             c_tokens = gr.Slider(8, COMPARE_MAX_NEW_TOKENS, value=64, step=8, label="Max new tokens", scale=2,
                                  elem_id="compare-max-new-tokens")
         with gr.Accordion("One prompt, side by side", open=True):
