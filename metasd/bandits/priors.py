@@ -21,7 +21,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-PRIORS_DIR = Path(__file__).resolve().parents[2] / "assets" / "priors"
+from metasd import paths
+
+PRIORS_DIR = paths.PRIORS_DIR
 PRIORS_FORMAT = "metasd-priors-1"
 DEFAULT_WEIGHT = 3.0  # pseudo-rounds per arm: a prior worth three real rounds, so a prompt overrides it quickly
 PRIOR_REWARDS = ("bd", "be")  # throughput depends on the machine's timings: it starts cold

@@ -33,6 +33,7 @@ from typing import Any
 import pandas as pd
 import torch
 
+from metasd import paths
 from metasd.bandits.policies import POLICIES, single_drafter, single_method
 from metasd.bandits.priors import DEFAULT_WEIGHT, PRIOR_REWARDS, PRIORS_DIR, PRIORS_FORMAT
 from metasd.benchmark.tables import BenchResult, summarize, summary_markdown
@@ -42,7 +43,7 @@ from metasd.core.validation import REWARDS, InvalidInput, clean_prompt, first_pe
 from metasd.models.loading import Bundle
 from metasd.models.presets import DEFAULT_PRESET, PRESETS
 
-EXAMPLES_FILE = Path(__file__).resolve().parents[2] / "assets" / "examples.json"
+EXAMPLES_FILE = paths.EXAMPLES_FILE
 BENCH_FILE_MAX_BYTES = 200_000_000  # a local prompts file (Spec-Bench's is 0.7 MB)
 DEFAULT_PLD_TOKENS = 10  # transformers' prompt lookup as docs/DESIGN.md §4 reports it
 RESULT_COLUMNS = [

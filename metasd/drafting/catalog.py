@@ -15,13 +15,14 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from transformers import DynamicCache
 
+from metasd.core.engine import run
+from metasd.drafting.files import drafter_path, parameter_count
+from metasd.drafting.registry import kind_of
 from metasd.models.presets import DrafterSpec, Preset
+from metasd.paths import COSTS_FILE, DATASTORE_DIR, ROOT
 
-# The kind each built-in drafter kind is reported as (registry.KINDS).
-KIND = {"prompt-lookup": "model-free", "token-recycling": "model-free", "retrieval": "model-free",
-        "layer-skip": "self", "model": "model", "distilled": "distilled", "white-box": "white-box"}
-COSTS_FILE = Path(__file__).resolve().parents[2] / "assets" / "drafters" / "costs.json"
 # Prompts the cost runs draft on (one per kind of text; never a page example or a Spec-Bench prompt).
 COST_PROMPTS = (
     "Write a Python function that returns the n-th Fibonacci number iteratively.",
@@ -30,43 +31,13 @@ COST_PROMPTS = (
 )
 
 
-def kind_of(spec: DrafterSpec) -> str:
-    return KIND.get(spec.kind, spec.kind)
-
-
-def kind_by_name(name: str) -> str | None:
-    """A drafter's kind from its name: the presets' drafters, then the registered ones (None: unknown,
-    e.g. a name in a replayed run file from elsewhere)."""
-    from metasd.drafting.registry import registered
-    from metasd.models.presets import PRESETS
-
-    for p in PRESETS.values():
-        for s in p.drafters:
-            if s.name == name:
-                return kind_of(s)
-    reg = registered().get(name)
-    return reg.kind if reg is not None else None
-
-
 def weights_of(spec: DrafterSpec) -> Path | None:
     """The file holding a drafter's own weights or data, where it has one in the repository."""
     if spec.kind in ("distilled", "white-box"):
-        from metasd.models.loading import distilled_path
-
-        return distilled_path(spec)
+        return drafter_path(spec)
     if spec.kind == "retrieval":
-        from metasd.drafting.retrieval import DATASTORE_DIR
-
         return DATASTORE_DIR / "offline.npy"
     return None
-
-
-def file_parameters(path: Path) -> int:
-    """Parameters stored in a safetensors file (the draft vocabulary's ids are not parameters)."""
-    from safetensors import safe_open
-
-    with safe_open(str(path), framework="pt") as f:
-        return sum(math.prod(f.get_slice(k).get_shape()) for k in f.keys() if k != "draft_vocab")  # noqa: SIM118
 
 
 def describe(preset: Preset, costs: dict[str, Any] | None = None) -> list[dict[str, Any]]:
@@ -78,14 +49,14 @@ def describe(preset: Preset, costs: dict[str, Any] | None = None) -> list[dict[s
         exists = path is not None and path.exists()
         params: int | None = 0
         if s.kind in ("distilled", "white-box"):
-            params = file_parameters(path) if exists else None
+            params = parameter_count(path) if exists else None
         elif s.kind == "model":
             params = None  # a hub model: counted when loaded (--measure)
         rows.append({"name": s.name, "kind": kind_of(s), "description": s.description,
                      "default_arm": s.name in preset.bandit_drafters or not preset.bandit_drafters,
                      "source": "preset", "parameters": params,
                      "file_bytes": path.stat().st_size if exists else (0 if path is None else None),
-                     "file": str(path.relative_to(COSTS_FILE.parent.parent.parent)) if exists else None,
+                     "file": str(path.relative_to(ROOT)) if exists else None,
                      "cost": costs.get(s.name)})
     return rows
 
@@ -106,8 +77,6 @@ def save_costs(preset: str, c: dict[str, float], detail: dict[str, Any]) -> None
 @torch.inference_mode()
 def target_step_ms(bundle, ctx: int = 200, steps: int = 8) -> float:
     """Median time of one single-token target step with `ctx` tokens in its cache."""
-    from transformers import DynamicCache
-
     m = bundle.target
     ids = torch.randint(0, bundle.tokenizer_vocab, (1, ctx + steps), device=bundle.device)
     cache = DynamicCache(config=m.config)
@@ -125,8 +94,6 @@ def measure_costs(bundle, names: list[str], max_new_tokens: int = 48, progress=p
                   prompts: tuple[str | list[int], ...] = COST_PROMPTS) -> tuple[dict[str, float], dict]:
     """c per drafter: its drafting time per drafted token, alone in the engine on COST_PROMPTS, over the
     target's one-token step; the target is timed between drafters so that machine load hits both alike."""
-    from metasd.core.engine import run
-
     c: dict[str, float] = {}
     ms: dict[str, float] = {}
     steps: list[float] = [target_step_ms(bundle)]

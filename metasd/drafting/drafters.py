@@ -15,6 +15,7 @@ import torch
 from transformers import DynamicCache, PreTrainedModel
 
 from metasd.core.sampling import Sampling, sample_or_argmax, warp
+from metasd.drafting.registry import register_kind
 
 
 @dataclass(frozen=True)
@@ -420,3 +421,13 @@ def layer_skip_view(model: PreTrainedModel, keep: list[int]) -> PreTrainedModel:
     inner._modules["layers"] = torch.nn.ModuleList([model.model.layers[i] for i in sorted(keep)])
     view._modules["model"] = inner
     return view
+
+
+# The built-in kinds go through the registry plugins use: kind -> factory(bundle, spec).
+register_kind("prompt-lookup", lambda bundle, spec: PromptLookup(spec.name))
+register_kind("token-recycling", lambda bundle, spec: TokenRecycling(spec.name, vocab_size=bundle.target_vocab))
+register_kind("layer-skip", lambda bundle, spec: LayerSkipDrafter(
+    spec.name, bundle.models[spec.name], list(spec.layers), bundle.target_vocab, bundle.tokenizer_vocab))
+for _kind in ("model", "distilled"):
+    register_kind(_kind, lambda bundle, spec: ModelDrafter(
+        spec.name, bundle.models[spec.name], bundle.target_vocab, bundle.tokenizer_vocab, window=spec.window))

@@ -47,10 +47,12 @@ from typing import Any
 import numpy as np
 import torch
 
+from metasd import paths
 from metasd.drafting.drafters import Draft, Drafter
+from metasd.drafting.registry import register_drafter, register_kind
 
 SEPARATOR = 0xFFFF  # ends every document of a datastore; never a token id
-DATASTORE_DIR = Path(__file__).resolve().parents[2] / "assets" / "datastore"
+DATASTORE_DIR = paths.DATASTORE_DIR
 DEFAULT_NAME = "retrieval"
 
 
@@ -395,11 +397,12 @@ def make_retrieval(bundle: Any, name: str = DEFAULT_NAME, path: str | Path | Non
 
 def register(name: str = DEFAULT_NAME, path: str | Path | None = None, **params: Any) -> None:
     """Make `name` a drafter of every bundle (metasd.drafting.registry); the preset's own spec, if any, takes precedence."""
-    from metasd.drafting.registry import register_drafter
-
     def make(bundle: Any) -> RetrievalDrafter:
         return make_retrieval(bundle, name, path, **params)
 
     register_drafter(name, make, kind="model-free",
                      description="longest suffix match in the prompt, the answer so far and the target's own past "
                                  "answers; drafts the most frequent continuation while it is likely")
+
+
+register_kind("retrieval", lambda bundle, spec: make_retrieval(bundle, spec.name))

@@ -11,7 +11,7 @@ What this head reads and why (docs/DESIGN.md, "White-box drafters"):
 - with the embedding of the token that follows (EAGLE-1's shift: the feature at position t and the
   token at t + 1 together predict the token at t + 2), projected again by `fc`;
 - one Llama decoder layer with its own KV cache, then the target's final-norm-like RMSNorm and the
-  target's LM head restricted to a draft vocabulary (models.DraftHead), as the distilled drafters do.
+  target's LM head restricted to a draft vocabulary (metasd.drafting.files.DraftHead), as the distilled drafters do.
 
 Drafting several tokens feeds the head's own output state back in place of the target's features
 (EAGLE-3 drops EAGLE-1's feature regression for this), and training unrolls exactly that: "training-
@@ -30,14 +30,12 @@ from pathlib import Path
 
 import torch
 import torch.nn.functional as F
-from safetensors import safe_open
 from torch import nn
 
 from metasd.core.sampling import Sampling, warp
 from metasd.drafting.drafters import Draft, Drafter, draft_chain, fit_vocab
-from metasd.models.loading import DRAFT_VOCAB
-
-WHITEBOX_FORMAT = "metasd-white-box-1"
+from metasd.drafting.files import DRAFT_VOCAB, WHITEBOX_FORMAT, DraftHead, read_drafter_file, read_info, save_drafter_file
+from metasd.drafting.registry import register_kind
 
 
 @dataclass(frozen=True)
@@ -204,8 +202,6 @@ def own_state(head: WhiteBoxHead) -> dict[str, torch.Tensor]:
 def build_head(target, c: HeadConfig, draft_vocab: torch.Tensor | None, init_layer: int | None = None) -> WhiteBoxHead:
     """A head on `target`'s embedding and LM head (restricted to `draft_vocab`), its layer copied from the
     target's layer `init_layer` where given (a better start than random weights), its norm from the target's."""
-    from metasd.models.loading import DraftHead
-
     lm = target.get_output_embeddings()
     head = WhiteBoxHead(c, target.get_input_embeddings(), lm if draft_vocab is None else DraftHead(lm, draft_vocab))
     if init_layer is not None:
@@ -224,27 +220,14 @@ def build_head(target, c: HeadConfig, draft_vocab: torch.Tensor | None, init_lay
     return head.to(dev)
 
 
-def save_head(head: WhiteBoxHead, path: str | Path, info: dict) -> None:
-    from safetensors.torch import save_file
-
-    from metasd.models.loading import DraftHead
-
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tensors = {k: v.detach().to(torch.float16).contiguous() for k, v in own_state(head).items()}
-    if isinstance(head.lm_head, DraftHead):
-        tensors[DRAFT_VOCAB] = head.lm_head.ids.detach().cpu().to(torch.int64).contiguous()
-    save_file(tensors, str(path), metadata={"format": WHITEBOX_FORMAT, "config": head.c.to_json(),
-                                            "info": json.dumps(info, sort_keys=True)})
+def save_head(head: WhiteBoxHead, path: str | Path, info: dict) -> str:
+    """Write a head's own weights (metasd.drafting.files); returns the file's sha256."""
+    return save_drafter_file(path, own_state(head), head.lm_head, WHITEBOX_FORMAT, head.c.to_json(), info)
 
 
 def load_head(path: str | Path, target, device: torch.device, dtype: torch.dtype) -> WhiteBoxHead:
     """Load a head's own weights (fp16 on disk) onto the target's embedding and LM head."""
-    with safe_open(str(path), framework="pt") as f:
-        meta = f.metadata() or {}
-        if meta.get("format") != WHITEBOX_FORMAT:
-            raise ValueError(f"{path} is not a MetaSD white-box head (format {meta.get('format')!r})")
-        tensors = {k: f.get_tensor(k) for k in f.keys()}  # noqa: SIM118 (safe_open has no __iter__)
+    meta, tensors = read_drafter_file(path, WHITEBOX_FORMAT, "white-box head")
     c = HeadConfig.from_json(meta["config"])
     if c.hidden_size != target.config.hidden_size or max(c.feature_layers) > target.config.num_hidden_layers:
         raise ValueError(f"{path} was trained for another target (width {c.hidden_size}, layers {c.feature_layers})")
@@ -256,11 +239,7 @@ def load_head(path: str | Path, target, device: torch.device, dtype: torch.dtype
     return head.to(device=device, dtype=dtype).eval().requires_grad_(False)
 
 
-def read_head_info(path: str | Path) -> tuple[dict, dict]:
-    """(config, training record) stored in a head file's metadata."""
-    with safe_open(str(path), framework="pt") as f:
-        meta = f.metadata() or {}
-    return json.loads(meta["config"]), json.loads(meta.get("info", "{}"))
+read_head_info = read_info  # (config, training record) of a head's file
 
 
 class WhiteBoxDrafter(Drafter):
@@ -406,3 +385,6 @@ class WhiteBoxDrafter(Drafter):
             q[:missing] = 0.0
         return q
 
+
+register_kind("white-box", lambda bundle, spec: WhiteBoxDrafter(
+    spec.name, bundle.models[spec.name], bundle.target_vocab, bundle.tokenizer_vocab, window=spec.window))

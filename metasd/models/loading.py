@@ -18,7 +18,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
-from safetensors import safe_open
 from transformers import (
     AutoModelForCausalLM,
     AutoTokenizer,
@@ -29,8 +28,13 @@ from transformers import (
     PreTrainedTokenizerBase,
 )
 
-from metasd.drafting.drafters import Drafter, LayerSkipDrafter, ModelDrafter, PromptLookup, TokenRecycling, layer_skip_view
-from metasd.drafting.retrieval import make_retrieval
+# The modules that define drafters register their kinds' factories when imported (metasd.drafting.registry).
+from metasd.core.validation import InvalidInput
+from metasd.drafting import retrieval as _retrieval  # noqa: F401
+from metasd.drafting.drafters import Drafter, layer_skip_view
+from metasd.drafting.files import DISTILLED_FORMAT, DRAFT_VOCAB, DraftHead, drafter_path, read_drafter_file
+from metasd.drafting.registry import make_drafter, registered
+from metasd.drafting.whitebox import load_head
 from metasd.models.cpu_linear import pack_linears, packed_count
 from metasd.models.presets import DrafterSpec, Preset, get_preset
 
@@ -161,8 +165,6 @@ class Bundle:
     @property
     def drafter_names(self) -> list[str]:
         """The preset's drafters, then every registered one (metasd.drafting.registry) of another name."""
-        from metasd.drafting.registry import registered
-
         return list(self.specs) + [n for n in registered() if n not in self.specs]
 
     @property
@@ -185,46 +187,17 @@ class Bundle:
         return set(eos) if isinstance(eos, list | tuple) else {int(eos)}
 
     def make_drafters(self, names: list[str]) -> list[Drafter]:
-        """Fresh per-request drafter objects (their own caches and tables)."""
-        from metasd.drafting.registry import make_registered
-
-        out: list[Drafter] = []
-        for name in names:
-            spec = self.specs.get(name)
-            if spec is None:  # brought by the user: register_drafter(name, make)
-                out.append(make_registered(name, self))
-            elif spec.kind == "prompt-lookup":
-                out.append(PromptLookup(name))
-            elif spec.kind == "token-recycling":
-                out.append(TokenRecycling(name, vocab_size=self.target_vocab))
-            elif spec.kind == "retrieval":
-                out.append(make_retrieval(self, name))
-            elif spec.kind == "white-box":
-                from metasd.drafting.whitebox import WhiteBoxDrafter
-
-                out.append(WhiteBoxDrafter(name, self.models[name], self.target_vocab, self.tokenizer_vocab,
-                                           window=spec.window))
-            elif spec.kind == "layer-skip":
-                out.append(LayerSkipDrafter(name, self.models[name], list(spec.layers), self.target_vocab,
-                                            self.tokenizer_vocab))
-            else:
-                out.append(ModelDrafter(name, self.models[name], self.target_vocab, self.tokenizer_vocab,
-                                        window=spec.window))
+        """Fresh per-request drafter objects (their own caches and tables), each from the registry: a
+        preset's drafter from its kind's factory, a plugin's from its make(bundle)."""
+        out = [make_drafter(self, name) for name in names]
+        for name, d in zip(names, out, strict=True):
+            if not isinstance(d, Drafter):
+                raise InvalidInput(f"drafter {name!r}: its make(bundle) returned {type(d).__name__}, not a metasd Drafter")
         return out
 
 
-DRAFTERS_DIR = Path(__file__).resolve().parents[2] / "assets" / "drafters"
-DISTILLED_FORMAT = "metasd-distilled-1"
-DRAFT_VOCAB = "draft_vocab"  # optional int64 tensor of token ids in a drafter file (see DraftHead)
-
-
-def distilled_path(spec: DrafterSpec) -> Path:
-    """A distilled drafter's weights: the spec's `weights` (relative to the repository) or
-    assets/drafters/<name>.safetensors."""
-    if spec.weights:
-        p = Path(spec.weights)
-        return p if p.is_absolute() else DRAFTERS_DIR.parent.parent / p
-    return DRAFTERS_DIR / f"{spec.name}.safetensors"
+# Kept here for callers of the earlier layout; metasd.drafting.files owns them.
+distilled_path = drafter_path
 
 
 def distilled_config(target_config, layers: int) -> LlamaConfig:
@@ -244,41 +217,6 @@ def drafter_config_json(config: LlamaConfig) -> str:
     """The config as recorded in a drafter's file (what load_distilled builds), stable across runs."""
     d = {k: v for k, v in config.to_dict().items() if k not in ("transformers_version", "_name_or_path", "dtype")}
     return json.dumps(d, sort_keys=True)
-
-
-class DraftHead(torch.nn.Module):
-    """The target's LM head restricted to a draft vocabulary (as in FR-Spec / EAGLE-3).
-
-    A one-layer drafter's full head (576 x 49152 for SmolLM2) costs about twice its decoder layer,
-    yet the tokens such a drafter gets right are frequent ones: on Spec-Bench its greedy agreement
-    with the target is the same with the 4096 most frequent ids as with all of them. So the head
-    multiplies by those rows only (a copy of the target's rows, never trained) and returns logits
-    over the full id space with -inf elsewhere: q = 0 off the draft vocabulary, which speculative
-    sampling handles exactly, so nothing about losslessness changes.
-    """
-
-    def __init__(self, head: torch.nn.Module, ids: torch.Tensor) -> None:
-        super().__init__()
-        full = head.weight
-        ids = torch.as_tensor(ids, dtype=torch.long).to(full.device).unique(sorted=True)
-        if ids.numel() == 0 or int(ids[0]) < 0 or int(ids[-1]) >= full.shape[0]:
-            raise ValueError(f"draft vocabulary ids must lie in [0, {full.shape[0]})")
-        self.vocab_size = full.shape[0]
-        self.register_buffer("ids", ids, persistent=False)
-        self.weight = torch.nn.Parameter(full.detach()[ids].clone(), requires_grad=False)
-        # full id -> row of self.weight (or -1): lets training map the target's labels onto it.
-        local = torch.full((self.vocab_size,), -1, dtype=torch.long, device=full.device)
-        local[ids] = torch.arange(ids.numel(), device=full.device)
-        self.register_buffer("local", local, persistent=False)
-
-    def reduced(self, hidden: torch.Tensor) -> torch.Tensor:
-        """Logits over the draft vocabulary only, in the order of self.ids."""
-        return torch.nn.functional.linear(hidden, self.weight)
-
-    def forward(self, hidden: torch.Tensor) -> torch.Tensor:
-        small = self.reduced(hidden)
-        out = small.new_full((*small.shape[:-1], self.vocab_size), float("-inf"))
-        return out.index_copy_(-1, self.ids, small)
 
 
 def build_distilled(target: PreTrainedModel, config: LlamaConfig, draft_vocab: torch.Tensor | None = None
@@ -305,11 +243,7 @@ def load_distilled(path: str | Path, target: PreTrainedModel, device: torch.devi
                    ) -> LlamaForCausalLM:
     """Load a distilled drafter's own weights (fp16 on disk) and attach the target's embedding and head
     (restricted to the file's `draft_vocab` ids where it has them)."""
-    with safe_open(str(path), framework="pt") as f:
-        meta = f.metadata() or {}
-        if meta.get("format") != DISTILLED_FORMAT:
-            raise ValueError(f"{path} is not a MetaSD distilled drafter (format {meta.get('format')!r})")
-        tensors = {k: f.get_tensor(k) for k in f.keys()}  # noqa: SIM118 (safe_open has no __iter__)
+    meta, tensors = read_drafter_file(path, DISTILLED_FORMAT, "distilled drafter")
     config = LlamaConfig.from_dict(json.loads(meta["config"]))
     model = build_distilled(target, config, tensors.pop(DRAFT_VOCAB, None))
     own = {k: v.to(dtype) for k, v in tensors.items()}
@@ -338,13 +272,11 @@ def build_drafter_models(target: PreTrainedModel, specs: list[DrafterSpec], devi
                 loaded[spec.model_id] = load_causal_lm(spec.model_id, device, dtype)
             models[spec.name] = loaded[spec.model_id]
         elif spec.kind in ("distilled", "white-box"):
-            path = distilled_path(spec)
+            path = drafter_path(spec)
             if not path.exists():
                 progress(f"[metasd] drafter {spec.name}: {path} is missing; leaving it out")
                 continue
             if spec.kind == "white-box":
-                from metasd.drafting.whitebox import load_head
-
                 models[spec.name] = load_head(path, target, device, dtype)
             else:
                 models[spec.name] = load_distilled(path, target, device, dtype)

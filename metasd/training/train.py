@@ -24,131 +24,38 @@ Llama in seconds.
 from __future__ import annotations
 
 import argparse
-import hashlib
 import json
-import math
 import random
 import sys
 import time
-from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
 
 import torch
-from safetensors.torch import save_file
-from tqdm import tqdm
 from transformers import LlamaForCausalLM, PreTrainedModel
 
-from metasd.models.loading import (
+from metasd.drafting.files import (
     DISTILLED_FORMAT,
     DRAFT_VOCAB,
+    WHITEBOX_FORMAT,
     DraftHead,
-    build_distilled,
-    distilled_config,
-    drafter_config_json,
-    load_distilled,
+    card_file_lines,
+    has_draft_vocab,
+    parameter_count,
+    read_format,
+    read_info,
+    save_drafter_file,
+    write_card_text,
 )
-
-
-@dataclass
-class Example:
-    """One training sequence and the target's top-k next-token distributions on part of it.
-
-    Row j of top_ids/top_logp is the target's prediction after ids[start + j], i.e. for the token
-    at position start + j + 1.
-    """
-
-    ids: list[int]
-    start: int
-    top_ids: torch.Tensor  # [n, k] int64
-    top_logp: torch.Tensor  # [n, k] float32: log-probabilities under the full softmax
-
-    @property
-    def labels(self) -> int:
-        return self.top_ids.shape[0]
-
-
-def _topk(logits: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
-    logp = torch.log_softmax(logits.float(), dim=-1)
-    v, i = logp.topk(min(k, logp.shape[-1]), dim=-1)
-    return i, v
-
-
-@torch.inference_mode()
-def answer_examples(target: PreTrainedModel, prompts: list[list[int]], max_new_tokens: int, eos_ids: set[int],
-                    pad_id: int = 0, batch_size: int = 16, topk: int = 16, desc: str = "target answers") -> list[Example]:
-    """The target's greedy answers to `prompts` (ids), with its logits at every answer token.
-
-    Prompts are batched by length and left-padded; the logits that `generate` returns are the ones
-    the target used to choose each token, so no second pass is needed.
-    """
-    order = sorted(range(len(prompts)), key=lambda i: len(prompts[i]))
-    out: list[Example | None] = [None] * len(prompts)
-    dev = next(target.parameters()).device
-    eos = sorted(eos_ids) or None
-    bar = tqdm(total=len(prompts), desc=desc, unit="prompt", dynamic_ncols=True, file=sys.stderr)
-    for b0 in range(0, len(order), batch_size):
-        idx = order[b0 : b0 + batch_size]
-        width = max(len(prompts[i]) for i in idx)
-        inp = torch.full((len(idx), width), pad_id, dtype=torch.long)
-        mask = torch.zeros_like(inp)
-        for r, i in enumerate(idx):
-            p = prompts[i]
-            inp[r, width - len(p) :] = torch.tensor(p)
-            mask[r, width - len(p) :] = 1
-        gen = target.generate(inp.to(dev), attention_mask=mask.to(dev), do_sample=False, max_new_tokens=max_new_tokens,
-                              eos_token_id=eos, pad_token_id=pad_id, output_logits=True, return_dict_in_generate=True)
-        seq = gen.sequences[:, width:].cpu()
-        logits = torch.stack(gen.logits, dim=1).cpu()  # [B, T, V]
-        for r, i in enumerate(idx):
-            ans = seq[r].tolist()
-            cut = next((j + 1 for j, t in enumerate(ans) if t in eos_ids), len(ans))
-            ans = ans[:cut]
-            ti, tv = _topk(logits[r, :cut], topk)
-            out[i] = Example(list(prompts[i]) + ans, len(prompts[i]) - 1, ti, tv)
-        bar.update(len(idx))
-        bar.set_postfix(tokens=sum(e.labels for e in out if e is not None))
-    bar.close()
-    return [e for e in out if e is not None]
-
-
-@torch.inference_mode()
-def text_examples(target: PreTrainedModel, sequences: list[list[int]], batch_size: int = 8, topk: int = 16,
-                  desc: str = "target on text") -> list[Example]:
-    """Plain text (e.g. standard-library source) scored by one forward pass of the target."""
-    dev = next(target.parameters()).device
-    out: list[Example] = []
-    for b0 in tqdm(range(0, len(sequences), batch_size), desc=desc, unit="batch", dynamic_ncols=True, file=sys.stderr):
-        batch = sequences[b0 : b0 + batch_size]
-        width = max(len(s) for s in batch)
-        inp = torch.zeros((len(batch), width), dtype=torch.long)
-        for r, s in enumerate(batch):
-            inp[r, : len(s)] = torch.tensor(s)  # right padding: causal attention never looks ahead
-        logits = target(input_ids=inp.to(dev)).logits.cpu()
-        for r, s in enumerate(batch):
-            ti, tv = _topk(logits[r, : len(s) - 1], topk)
-            out.append(Example(list(s), 0, ti, tv))
-    return out
-
-
-def draft_vocabulary(examples: list[Example], size: int, vocab_size: int) -> torch.Tensor:
-    """The `size` ids a drafter's head keeps (DraftHead): the domain's most likely next tokens.
-
-    Ranked by their expected count under the target on the training data (the sum of its top-k
-    probabilities over every labelled position), then filled up in id order: a BPE tokenizer
-    numbers its merges by frequency in its own training corpus, so low ids are common tokens.
-    """
-    size = min(size, vocab_size)
-    mass = torch.zeros(vocab_size)
-    for e in examples:
-        mass.index_add_(0, e.top_ids.reshape(-1), e.top_logp.exp().reshape(-1))
-    seen = int((mass > 0).sum())
-    ranked = mass.argsort(descending=True, stable=True)[: min(seen, size)]
-    chosen = torch.zeros(vocab_size, dtype=torch.bool)
-    chosen[ranked] = True
-    fill = (~chosen).nonzero().view(-1)[: size - ranked.numel()]
-    chosen[fill] = True
-    return chosen.nonzero().view(-1)
+from metasd.models.loading import build_distilled, distilled_config, drafter_config_json, load_bundle, load_distilled
+from metasd.training.common import (  # noqa: F401 (answer_examples, text_examples: this module's public names too)
+    Example,
+    answer_examples,
+    domain_data,
+    draft_vocabulary,
+    fit,
+    text_examples,
+)
+from metasd.training.train_whitebox import run_white_box, write_head_card
 
 
 def make_drafter(target: PreTrainedModel, layers: int = 1, init_layer: int = 0,
@@ -229,47 +136,6 @@ def agreement(drafter: PreTrainedModel, examples: list[Example], batch_size: int
     return tot_loss / max(n, 1), tot_agree / max(n, 1)
 
 
-def fit(params: list[torch.nn.Parameter], batch_loss: Callable[[], tuple[torch.Tensor, torch.Tensor]], steps: int,
-        lr: float, warmup: int = 20, budget_s: float = 0.0, desc: str = "train") -> dict:
-    """AdamW over `params` for `steps` steps (or until `budget_s` seconds have passed, where given), with a
-    linear warm-up then a cosine down to a tenth of `lr`; `batch_loss()` draws a batch and returns its loss
-    and per-label top-1 agreement. Returns the run's record (steps done, time, first/final loss, agreement)."""
-    opt = torch.optim.AdamW(params, lr=lr, betas=(0.9, 0.95), weight_decay=0.0)
-
-    def lr_at(step: int, elapsed: float) -> float:
-        if step < warmup:
-            return lr * (step + 1) / warmup
-        t = (step - warmup) / max(1, steps - warmup)
-        if budget_s:  # a time budget that ends the run early still ends it on the low learning rate
-            t = max(t, elapsed / budget_s)
-        return lr * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(1.0, t))))
-
-    history: list[tuple[float, float]] = []
-    t0 = time.perf_counter()
-    bar = tqdm(range(steps), desc=desc, unit="step", dynamic_ncols=True, file=sys.stderr)
-    for step in bar:
-        elapsed = time.perf_counter() - t0
-        if budget_s and elapsed > budget_s:
-            break
-        for g in opt.param_groups:
-            g["lr"] = lr_at(step, elapsed)
-        loss, agree = batch_loss()
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(params, 1.0)
-        opt.step()
-        history.append((loss.item(), agree.mean().item() if agree.numel() else 0.0))
-        recent = history[-20:]
-        bar.set_postfix(loss=f"{sum(x for x, _ in recent) / len(recent):.3f}",
-                        agree=f"{sum(a for _, a in recent) / len(recent):.3f}")
-    bar.close()
-    tail = history[-max(1, min(50, len(history) // 5)) :]
-    return {"steps": len(history), "train_seconds": round(time.perf_counter() - t0, 1),
-            "first_loss": round(history[0][0], 4) if history else None,
-            "final_loss": round(sum(x for x, _ in tail) / len(tail), 4) if tail else None,
-            "final_train_agreement": round(sum(a for _, a in tail) / len(tail), 4) if tail else None}
-
-
 def train(drafter: PreTrainedModel, examples: list[Example], steps: int, batch_size: int = 8, lr: float = 1e-3,
           warmup: int = 20, max_len: int = 512, seed: int = 0, desc: str = "distil") -> dict:
     """AdamW on the drafter's own weights only; the shared embedding and head stay frozen."""
@@ -287,92 +153,41 @@ def train(drafter: PreTrainedModel, examples: list[Example], steps: int, batch_s
 
 
 def save_drafter(drafter: PreTrainedModel, path: str | Path, info: dict) -> str:
-    """Write the drafter's own weights in fp16 with its config and training record as metadata.
-
-    Returns the file's sha256. The metadata's "config" is exactly what load_distilled builds.
-    """
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tensors = {k: v.detach().to(torch.float16).contiguous() for k, v in own_parameters(drafter).items()}
-    if isinstance(drafter.lm_head, DraftHead):
-        tensors[DRAFT_VOCAB] = drafter.lm_head.ids.detach().cpu().to(torch.int64).contiguous()
-    meta = {"format": DISTILLED_FORMAT, "config": drafter_config_json(drafter.config),
-            "info": json.dumps(info, sort_keys=True)}
-    save_file(tensors, str(path), metadata=meta)
-    return hashlib.sha256(path.read_bytes()).hexdigest()
-
-
-def encode_chat(tokenizer, prompts: list[str]) -> list[list[int]]:
-    out = []
-    for p in prompts:
-        ids = tokenizer.apply_chat_template([{"role": "user", "content": p}], add_generation_prompt=True,
-                                            tokenize=True, return_dict=False)
-        if isinstance(ids, dict) or hasattr(ids, "input_ids"):
-            ids = ids["input_ids"]
-        out.append(list(ids))
-    return out
-
-
-def build_examples(target, tokenizer, domain: str, prompts: int, max_new_tokens: int, seed: int,
-                   text_chunks: int = 0, batch_size: int = 16, topk: int = 16, exclude: int = 0,
-                   exclude_seed: int = 0) -> list[Example]:
-    """The domain's training data: the target's answers to its prompts (+ stdlib text for code).
-
-    `exclude`: leave out the `exclude` training prompts of `exclude_seed`, for held-out data.
-    """
-    from metasd.training.train_data import domain_prompts, stdlib_chunks
-
-    texts = domain_prompts(domain, prompts + exclude, seed)
-    if exclude:
-        train_set = set(domain_prompts(domain, exclude, exclude_seed))
-        texts = [t for t in texts if t not in train_set][:prompts]
-    eos = target.generation_config.eos_token_id
-    eos_ids = set(eos) if isinstance(eos, list | tuple) else ({int(eos)} if eos is not None else set())
-    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
-    ex = answer_examples(target, encode_chat(tokenizer, texts), max_new_tokens, eos_ids, pad, batch_size, topk,
-                         desc=f"{domain}: target answers")
-    if text_chunks:
-        chunks = stdlib_chunks(random.Random(f"text:{seed}"), text_chunks)
-        seqs = [tokenizer(c, add_special_tokens=False)["input_ids"][:256] for c in chunks]
-        ex += text_examples(target, seqs, topk=topk, desc=f"{domain}: target on stdlib text")
-    return ex
-
-
-def read_drafter_file(path: str | Path) -> tuple[dict, dict]:
-    """(config, training record) stored in a drafter file's metadata."""
-    from safetensors import safe_open
-
-    with safe_open(str(path), framework="pt") as f:
-        meta = f.metadata() or {}
-    return json.loads(meta["config"]), json.loads(meta.get("info", "{}"))
+    """Write the drafter's own weights in fp16 with its config and training record as metadata
+    (metasd.drafting.files). Returns the file's sha256. The metadata's "config" is exactly what
+    load_distilled builds."""
+    return save_drafter_file(path, own_parameters(drafter), drafter.lm_head, DISTILLED_FORMAT,
+                             drafter_config_json(drafter.config), info)
 
 
 def write_card(path: str | Path, eval_dir: str | Path | None = None) -> Path:
     """The model card NAME.md beside NAME.safetensors, written from the file itself (its sha256,
     size, config and training record) and, where given, scripts/eval_drafters.py's results."""
     path = Path(path)
-    name = path.stem
-    config, info = read_drafter_file(path)
-    data = path.read_bytes()
-    sha = hashlib.sha256(data).hexdigest()
-    from safetensors import safe_open
+    config, info = read_info(path)
+    lines = _card_lines(path, info) + (_eval_lines(path.stem, Path(eval_dir)) if eval_dir is not None else [])
+    lines += ["## Config (as stored in the file's metadata and built at load time)", "", "```json",
+              json.dumps(config, sort_keys=True), "```", "",
+              "Reproduce: see the command in assets/drafters/README.md.", ""]
+    return write_card_text(path, lines)
 
-    with safe_open(str(path), framework="pt") as f:
-        names = set(f.keys())  # noqa: SIM118
-        params = sum(math.prod(f.get_slice(k).get_shape()) for k in names if k != DRAFT_VOCAB)
-    lines = [
-        f"# {name}", "",
+
+def _card_lines(path: Path, info: dict) -> list[str]:
+    """The card's description, file, data and training sections."""
+    vocab = (f"- draft vocabulary: {info['draft_vocab']:,} token ids (stored as `{DRAFT_VOCAB}`), the ones the target "
+             "used most on the training data; the head is the target's, restricted to those rows"
+             if info.get("draft_vocab") and has_draft_vocab(path) else "- head: the target's full LM head")
+    return [
+        f"# {path.stem}", "",
         f"A one-layer Llama drafter distilled from {info.get('target', 'the offline target')} for the "
         f"**{info.get('domain', '?')}** domain (MetaSD Studio, offline preset). It reads the target's frozen "
         "embedding table and LM head (taken from the target at load time, the head restricted to the draft "
         "vocabulary below); only its decoder layer and final norm, and the vocabulary's ids, are stored here.", "",
         "## File", "",
-        f"- `{path.name}`: {len(data):,} bytes, sha256 `{sha}`",
-        f"- {params:,} parameters, stored in fp16, loaded in fp32 on the CPU",
+        *card_file_lines(path),
+        f"- {parameter_count(path):,} parameters, stored in fp16, loaded in fp32 on the CPU",
         f"- initialised from the target's layer {info.get('init_layer')}",
-        (f"- draft vocabulary: {info['draft_vocab']:,} token ids (stored as `{DRAFT_VOCAB}`), the ones the target "
-         "used most on the training data; the head is the target's, restricted to those rows"
-         if info.get("draft_vocab") and DRAFT_VOCAB in names else "- head: the target's full LM head"), "",
+        vocab, "",
         "## Data", "",
         f"- {info.get('prompts')} templated {info.get('domain')} prompts (metasd/training/train_data.py, "
         f"seed {info.get('seed')}; "
@@ -390,56 +205,36 @@ def write_card(path: str | Path, eval_dir: str | Path | None = None) -> Path:
         f"{info.get('eval_agreement_before')} at initialisation, **{info.get('eval_agreement')}** after training "
         f"(loss {info.get('eval_loss_before')} -> {info.get('eval_loss')})", "",
     ]
-    if eval_dir is not None and (Path(eval_dir) / "results.jsonl").exists():
-        rows = [json.loads(x) for x in (Path(eval_dir) / "results.jsonl").read_text().splitlines() if x.strip()]
-        mine = [r for r in rows if r["drafter"] == name]
-        costs = json.loads((Path(eval_dir) / "costs.json").read_text()) if (Path(eval_dir) / "costs.json").exists() else {}
-        if name in costs:
-            lines += ["## Cost", "",
-                      f"- c = drafter step / target step = **{costs[name]:.3f}** ({costs.get(f'_{name}_ms', 0):.1f} ms vs "
-                      f"{costs.get('_target_ms', 0):.1f} ms at 200 tokens of context, interleaved)", ""]
-        if mine:
-            n_cat = max(sum(1 for r in mine if r["category"] == c) for c in {r["category"] for r in mine})
-            lines += ["## Spec-Bench, this drafter alone (greedy, single:" + name + ")", "",
-                      f"{n_cat} prompt(s) per category, {max(r['new_tokens'] for r in mine)} new tokens at most, gamma = "
-                      "the preset's. Acceptance = mean accepted draft tokens per target call.", "",
-                      "| category | accepted / call | tokens/s |", "|---|---|---|"]
-            for cat in sorted({r["category"] for r in mine}):
-                rs = [r for r in mine if r["category"] == cat]
-                acc = sum(r["accepted"] for r in rs) / max(1, sum(r["target_calls"] for r in rs))
-                tps = sum(r["new_tokens"] for r in rs) / sum(r["wall_s"] for r in rs)
-                lines.append(f"| {cat} | {acc:.2f} | {tps:.1f} |")
-            lines.append("")
-    lines += ["## Config (as stored in the file's metadata and built at load time)", "", "```json",
-              json.dumps(config, sort_keys=True), "```", "",
-              "Reproduce: see the command in assets/drafters/README.md.", ""]
-    card = path.with_suffix(".md")
-    card.write_text("\n".join(lines), encoding="utf-8")
-    return card
 
 
-def domain_data(a: argparse.Namespace, bundle, chunks: int) -> tuple[list[Example], list[Example], float]:
-    """The domain's training and held-out examples, from `--data-cache` where it exists (else generated,
-    and saved there). Returns (train, eval, seconds the target took to generate them)."""
-    target, tok = bundle.target, bundle.tokenizer
-    cache = Path(a.data_cache) if a.data_cache else None
-    if cache is not None and cache.exists():
-        data = torch.load(cache, weights_only=True)
-        train_ex, eval_ex = ([Example(**e) for e in data[k]] for k in ("train", "eval"))
-        return train_ex, eval_ex, data["seconds"]
-    t0 = time.perf_counter()
-    # Held-out prompts come from another seed, so they never appear in training.
-    train_ex = build_examples(target, tok, a.domain, a.prompts, a.max_new_tokens, a.seed, chunks, a.gen_batch, a.topk)
-    eval_ex = build_examples(target, tok, a.domain, a.eval_prompts, a.max_new_tokens, a.seed + 1000, 0,
-                             a.gen_batch, a.topk, exclude=a.prompts, exclude_seed=a.seed)
-    gen_s = time.perf_counter() - t0
-    if cache is not None:
-        cache.parent.mkdir(parents=True, exist_ok=True)
-        torch.save({"train": [vars(e) for e in train_ex], "eval": [vars(e) for e in eval_ex], "seconds": gen_s}, cache)
-    return train_ex, eval_ex, gen_s
+def _eval_lines(name: str, eval_dir: Path) -> list[str]:
+    """The card's cost and Spec-Bench sections, from scripts/eval_drafters.py's output where there is one."""
+    if not (eval_dir / "results.jsonl").exists():
+        return []
+    rows = [json.loads(x) for x in (eval_dir / "results.jsonl").read_text().splitlines() if x.strip()]
+    mine = [r for r in rows if r["drafter"] == name]
+    costs = json.loads((eval_dir / "costs.json").read_text()) if (eval_dir / "costs.json").exists() else {}
+    lines: list[str] = []
+    if name in costs:
+        lines += ["## Cost", "",
+                  f"- c = drafter step / target step = **{costs[name]:.3f}** ({costs.get(f'_{name}_ms', 0):.1f} ms vs "
+                  f"{costs.get('_target_ms', 0):.1f} ms at 200 tokens of context, interleaved)", ""]
+    if mine:
+        n_cat = max(sum(1 for r in mine if r["category"] == c) for c in {r["category"] for r in mine})
+        lines += ["## Spec-Bench, this drafter alone (greedy, single:" + name + ")", "",
+                  f"{n_cat} prompt(s) per category, {max(r['new_tokens'] for r in mine)} new tokens at most, gamma = "
+                  "the preset's. Acceptance = mean accepted draft tokens per target call.", "",
+                  "| category | accepted / call | tokens/s |", "|---|---|---|"]
+        for cat in sorted({r["category"] for r in mine}):
+            rs = [r for r in mine if r["category"] == cat]
+            acc = sum(r["accepted"] for r in rs) / max(1, sum(r["target_calls"] for r in rs))
+            tps = sum(r["new_tokens"] for r in rs) / sum(r["wall_s"] for r in rs)
+            lines.append(f"| {cat} | {acc:.2f} | {tps:.1f} |")
+        lines.append("")
+    return lines
 
 
-def main(argv: list[str] | None = None) -> int:
+def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="python -m metasd.training.train", description=__doc__.split("\n\n")[0])
     ap.add_argument("--kind", choices=["distilled", "white-box"], default="distilled",
                     help="distilled: a one-layer model on token ids; white-box: an EAGLE-style head on the "
@@ -469,43 +264,39 @@ def main(argv: list[str] | None = None) -> int:
                     help="white-box: continue training this head file (its draft vocabulary and layers) instead of a fresh one")
     ap.add_argument("--budget-min", type=float, default=0.0,
                     help="white-box: stop training after this many minutes (0: run every step)")
+    return ap
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = build_parser()
     a = ap.parse_args(argv)
     if a.card:
-        from safetensors import safe_open
-
-        from metasd.drafting.whitebox import WHITEBOX_FORMAT
-        from metasd.training.train_whitebox import write_head_card
-
-        with safe_open(a.card, framework="pt") as f:
-            head = (f.metadata() or {}).get("format") == WHITEBOX_FORMAT
-        print(write_head_card(a.card) if head else write_card(a.card, a.eval_dir))
+        print(write_head_card(a.card) if read_format(a.card) == WHITEBOX_FORMAT else write_card(a.card, a.eval_dir))
         return 0
     if not a.domain or not a.out:
         ap.error("--domain and --out are required to train")
-
-    from metasd.models.loading import load_bundle
-
     torch.set_num_threads(a.threads)
     torch.manual_seed(a.seed)
     t_start = time.perf_counter()
     bundle = load_bundle("offline", progress=lambda m: print(m, file=sys.stderr))
-    target = bundle.target
     chunks = a.text_chunks if a.text_chunks >= 0 else (64 if a.domain == "code" else 0)
     train_ex, eval_ex, gen_s = domain_data(a, bundle, chunks)
-    labels = sum(e.labels for e in train_ex)
-    print(f"[train] {len(train_ex)} training sequences, {labels} labelled tokens ({gen_s:.0f} s of target time)",
-          file=sys.stderr)
-    if a.kind == "white-box":
-        from metasd.training.train_whitebox import run_white_box
+    print(f"[train] {len(train_ex)} training sequences, {sum(e.labels for e in train_ex)} labelled tokens "
+          f"({gen_s:.0f} s of target time)", file=sys.stderr)
+    run = run_white_box if a.kind == "white-box" else run_distilled
+    return run(a, bundle, train_ex, eval_ex, gen_s, chunks, t_start)
 
-        return run_white_box(a, bundle, train_ex, eval_ex, gen_s, chunks, t_start)
 
+def run_distilled(a: argparse.Namespace, bundle, train_ex: list[Example], eval_ex: list[Example], gen_s: float,
+                  chunks: int, t_start: float) -> int:
+    """`python -m metasd.training.train` (distilled): draft vocabulary, training, the fp16 file, its card."""
+    target = bundle.target
     vocab = draft_vocabulary(train_ex, a.draft_vocab, bundle.target_vocab) if a.draft_vocab > 0 else None
     drafter = make_drafter(target, a.layers, a.init_layer, vocab)
     before = agreement(drafter, eval_ex)
     stats = train(drafter, train_ex, a.steps, a.batch_size, a.lr, seed=a.seed, desc=f"{a.domain}: distil")
     info = {"domain": a.domain, "target": bundle.preset.target, "init_layer": a.init_layer,
-            "train_sequences": len(train_ex), "train_labels": labels, "prompts": a.prompts,
+            "train_sequences": len(train_ex), "train_labels": sum(e.labels for e in train_ex), "prompts": a.prompts,
             "text_chunks": chunks, "max_new_tokens": a.max_new_tokens,
             "draft_vocab": int(vocab.numel()) if vocab is not None else bundle.target_vocab, "topk": a.topk, "seed": a.seed,
             "data_seconds": round(gen_s, 1), **stats,

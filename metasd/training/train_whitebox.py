@@ -15,7 +15,7 @@ Step s weighs 0.8^(s - 1) (EAGLE-3's choice), so the first position, which every
 
 from __future__ import annotations
 
-import math
+import json
 import random
 import sys
 import time
@@ -25,8 +25,9 @@ from pathlib import Path
 import torch
 from tqdm import tqdm
 
-from metasd.drafting.whitebox import WhiteBoxHead
-from metasd.training.train import Example
+from metasd.drafting.files import DraftHead, card_file_lines, parameter_count, read_info, write_card_text
+from metasd.drafting.whitebox import HeadConfig, WhiteBoxHead, build_head, load_head, save_head
+from metasd.training.common import Example, draft_vocabulary, fit
 
 
 @dataclass
@@ -117,8 +118,6 @@ def unrolled_states(head: WhiteBoxHead, ids: torch.Tensor, feats: torch.Tensor, 
 def unrolled_loss(head: WhiteBoxHead, batch: list[Sequence], unroll: int) -> tuple[torch.Tensor, list[torch.Tensor]]:
     """Weighted soft cross-entropy over `unroll` training-time-test steps; and each step's top-1 agreement
     with the target per labelled position."""
-    from metasd.models.loading import DraftHead
-
     dev = next(head.parameters()).device
     ids, feats = batch_tensors(batch, dev)
     rows = torch.cat([torch.full((len(x.pos),), r) for r, x in enumerate(batch)]).to(dev)
@@ -164,8 +163,6 @@ def train_head(head: WhiteBoxHead, data: list[Sequence], steps: int, unroll: int
                lr: float = 1e-3, warmup: int = 30, seed: int = 0, budget_s: float = 0.0, desc: str = "white-box") -> dict:
     """AdamW on the head's own weights (fuse, fc, layer, norm); stops at `steps` or after `budget_s` seconds.
     The agreement it reports is step 1's (the first draft position)."""
-    from metasd.training.train import fit
-
     params = list(head.parameters())  # the shared embedding and LM head are held, not registered
     for p in params:
         p.requires_grad_(True)
@@ -184,11 +181,6 @@ def train_head(head: WhiteBoxHead, data: list[Sequence], steps: int, unroll: int
 def run_white_box(a, bundle, train_ex: list[Example], eval_ex: list[Example], gen_s: float, chunks: int,
                   t_start: float) -> int:
     """`python -m metasd.training.train --kind white-box`: features, draft vocabulary, training, the fp16 file, its card."""
-    import json
-
-    from metasd.drafting.whitebox import HeadConfig, build_head, load_head, read_head_info, save_head
-    from metasd.training.train import draft_vocabulary
-
     target = bundle.target
     c = HeadConfig.from_target(target.config)
     t0 = time.perf_counter()
@@ -199,7 +191,7 @@ def run_white_box(a, bundle, train_ex: list[Example], eval_ex: list[Example], ge
     init_layer = target.config.num_hidden_layers - 1
     if a.resume:  # more steps on a shipped head: its weights and draft vocabulary, its record kept in the card
         head = load_head(a.resume, target, target.device, torch.float32)
-        rc, earlier = read_head_info(a.resume)
+        rc, earlier = read_info(a.resume)
         if tuple(rc["feature_layers"]) != tuple(c.feature_layers):
             raise SystemExit(f"{a.resume} reads layers {rc['feature_layers']}, this target's heads {list(c.feature_layers)}")
         vocab, init_layer = head.lm_head.ids, earlier.get("init_layer", init_layer)
@@ -231,20 +223,8 @@ def run_white_box(a, bundle, train_ex: list[Example], eval_ex: list[Example], ge
 
 def write_head_card(path) -> Path:
     """NAME.md beside a head's file, written from the file (size, sha256, config, training record)."""
-    import hashlib
-    import json
-
-    from safetensors import safe_open
-
-    from metasd.drafting.whitebox import DRAFT_VOCAB, read_head_info
-
     path = Path(path)
-    config, info = read_head_info(path)
-    data = path.read_bytes()
-    with safe_open(str(path), framework="pt") as f:
-        params = sum(math.prod(f.get_slice(k).get_shape()) for k in f.keys() if k != DRAFT_VOCAB)  # noqa: SIM118
-    ev, ev0 = info.get("eval", {}), info.get("eval_before", {})
-    steps = ", ".join(f"step {i + 1}: {x:.3f}" for i, x in enumerate(ev.get("agreement", [])))
+    config, info = read_info(path)
     lines = [
         f"# {path.stem}", "",
         f"A white-box drafter head (EAGLE family) for the **{info.get('domain')}** domain on "
@@ -253,10 +233,19 @@ def write_head_card(path) -> Path:
         "with its own KV cache, and predicts through the target's LM head restricted to a draft vocabulary. "
         "The embedding and head are the target's, taken at load time; only the head's own weights are stored.", "",
         "## File", "",
-        f"- `{path.name}`: {len(data):,} bytes, sha256 `{hashlib.sha256(data).hexdigest()}`",
-        f"- {params:,} parameters (fuse {len(config['feature_layers'])}d->d, fc 2d->d, one decoder layer, norm), "
-        f"fp16 on disk; draft vocabulary {info.get('draft_vocab'):,} ids",
+        *card_file_lines(path),
+        f"- {parameter_count(path):,} parameters (fuse {len(config['feature_layers'])}d->d, fc 2d->d, one decoder "
+        f"layer, norm), fp16 on disk; draft vocabulary {info.get('draft_vocab'):,} ids",
         f"- layer initialised from the target's layer {info.get('init_layer')}", "",
+        *_head_data_lines(info), *_head_training_lines(info),
+        "## Config", "", "```json", json.dumps(config, sort_keys=True), "```", "",
+        "Reproduce: see the command in assets/drafters/README.md.", "",
+    ]
+    return write_card_text(path, lines)
+
+
+def _head_data_lines(info: dict) -> list[str]:
+    return [
         "## Data", "",
         f"- {info.get('prompts')} templated {info.get('domain')} prompts (metasd/training/train_data.py, "
         f"seed {info.get('seed')}; "
@@ -266,6 +255,13 @@ def write_head_card(path) -> Path:
         f"- {info.get('train_sequences')} sequences, {info.get('train_labels'):,} labelled positions; soft labels: the "
         f"target's top-{info.get('topk')} log-probabilities; features from one teacher-forced target pass "
         f"({info.get('data_seconds')} s of generation, {info.get('feature_seconds')} s of features)", "",
+    ]
+
+
+def _head_training_lines(info: dict) -> list[str]:
+    ev, ev0 = info.get("eval", {}), info.get("eval_before", {})
+    steps = ", ".join(f"step {i + 1}: {x:.3f}" for i, x in enumerate(ev.get("agreement", [])))
+    return [
         "## Training", "",
         f"- {info.get('steps')} AdamW steps (of {info.get('planned_steps')} planned), batch {info.get('batch_size')}, "
         f"lr {info.get('lr')}, training-time test over {info.get('unroll')} steps, {info.get('train_seconds')} s "
@@ -278,8 +274,4 @@ def write_head_card(path) -> Path:
         f"- held-out ({info.get('eval_sequences')} unseen prompts of the domain), top-1 agreement with the target "
         f"per draft position, teacher-forced up to the head's own earlier steps: **{steps}** "
         f"(at initialisation: {ev0.get('agreement')}); loss {ev0.get('loss')} -> {ev.get('loss')}", "",
-        "## Config", "", "```json", json.dumps(config, sort_keys=True), "```", "",
-        "Reproduce: see the command in assets/drafters/README.md.", "",
     ]
-    path.with_suffix(".md").write_text("\n".join(lines), encoding="utf-8")
-    return path.with_suffix(".md")

@@ -10,11 +10,11 @@ from __future__ import annotations
 import json
 import os
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
 import torch
 
+from metasd import paths
 from metasd.core import defaults
 from metasd.drafting.registry import load_plugins
 from metasd.models.spaces import duration_of
@@ -40,8 +40,7 @@ except ImportError:  # anywhere else: a no-op
 # Operator plugins (metasd.drafting.registry): modules named by whoever runs the server, never by the page. Their
 # drafters join every preset's list, each with a colour of its own.
 PLUGIN_DRAFTERS = load_plugins(os.environ.get("METASD_PLUGINS"))
-ROOT = Path(__file__).resolve().parents[2]  # the repository: app.py, metasd/, assets/
-ASSETS = ROOT / "assets"
+ROOT, ASSETS = paths.ROOT, paths.ASSETS  # the repository (app.py, metasd/, assets/) and its assets
 HAS_CUDA = torch.cuda.is_available()
 # Generations that may run at once (each one holds the model): 1 on a CPU, 2 on a GPU.
 GEN_CONCURRENCY = int(os.environ.get("METASD_CONCURRENCY", "2" if HAS_CUDA else "1"))

@@ -26,7 +26,7 @@ from plotly.subplots import make_subplots
 
 from metasd.bandits.policies import single_drafter
 from metasd.core.events import RoundEvent, Summary
-from metasd.drafting.catalog import kind_by_name
+from metasd.drafting.registry import kind_by_name
 
 # Okabe-Ito's colour-blind-safe palette (darkened where a colour is too light for an underline on
 # white); a drafter keeps its colour, and its underline style, by its index in the preset. Colour is

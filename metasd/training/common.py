@@ -1,0 +1,220 @@
+"""Training pieces shared by the distilled drafters (train.py) and the white-box heads (train_whitebox.py).
+
+The data: the target's greedy answers to templated prompts of a domain, with its top-k next-token
+log-probabilities at every answer token (on-policy distillation; metasd/training/train_data.py), cached in
+`--data-cache`; the draft vocabulary a head keeps; and the optimiser loop both kinds train with.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import random
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from tqdm import tqdm
+from transformers import PreTrainedModel
+
+from metasd.training.train_data import domain_prompts, stdlib_chunks
+
+
+@dataclass
+class Example:
+    """One training sequence and the target's top-k next-token distributions on part of it.
+
+    Row j of top_ids/top_logp is the target's prediction after ids[start + j], i.e. for the token
+    at position start + j + 1.
+    """
+
+    ids: list[int]
+    start: int
+    top_ids: torch.Tensor  # [n, k] int64
+    top_logp: torch.Tensor  # [n, k] float32: log-probabilities under the full softmax
+
+    @property
+    def labels(self) -> int:
+        return self.top_ids.shape[0]
+
+
+def topk_logp(logits: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+    logp = torch.log_softmax(logits.float(), dim=-1)
+    v, i = logp.topk(min(k, logp.shape[-1]), dim=-1)
+    return i, v
+
+
+@torch.inference_mode()
+def answer_examples(target: PreTrainedModel, prompts: list[list[int]], max_new_tokens: int, eos_ids: set[int],
+                    pad_id: int = 0, batch_size: int = 16, topk: int = 16, desc: str = "target answers") -> list[Example]:
+    """The target's greedy answers to `prompts` (ids), with its logits at every answer token.
+
+    Prompts are batched by length and left-padded; the logits that `generate` returns are the ones
+    the target used to choose each token, so no second pass is needed.
+    """
+    order = sorted(range(len(prompts)), key=lambda i: len(prompts[i]))
+    out: list[Example | None] = [None] * len(prompts)
+    dev = next(target.parameters()).device
+    eos = sorted(eos_ids) or None
+    bar = tqdm(total=len(prompts), desc=desc, unit="prompt", dynamic_ncols=True, file=sys.stderr)
+    for b0 in range(0, len(order), batch_size):
+        idx = order[b0 : b0 + batch_size]
+        width = max(len(prompts[i]) for i in idx)
+        inp = torch.full((len(idx), width), pad_id, dtype=torch.long)
+        mask = torch.zeros_like(inp)
+        for r, i in enumerate(idx):
+            p = prompts[i]
+            inp[r, width - len(p) :] = torch.tensor(p)
+            mask[r, width - len(p) :] = 1
+        gen = target.generate(inp.to(dev), attention_mask=mask.to(dev), do_sample=False, max_new_tokens=max_new_tokens,
+                              eos_token_id=eos, pad_token_id=pad_id, output_logits=True, return_dict_in_generate=True)
+        seq = gen.sequences[:, width:].cpu()
+        logits = torch.stack(gen.logits, dim=1).cpu()  # [B, T, V]
+        for r, i in enumerate(idx):
+            ans = seq[r].tolist()
+            cut = next((j + 1 for j, t in enumerate(ans) if t in eos_ids), len(ans))
+            ans = ans[:cut]
+            ti, tv = topk_logp(logits[r, :cut], topk)
+            out[i] = Example(list(prompts[i]) + ans, len(prompts[i]) - 1, ti, tv)
+        bar.update(len(idx))
+        bar.set_postfix(tokens=sum(e.labels for e in out if e is not None))
+    bar.close()
+    return [e for e in out if e is not None]
+
+
+@torch.inference_mode()
+def text_examples(target: PreTrainedModel, sequences: list[list[int]], batch_size: int = 8, topk: int = 16,
+                  desc: str = "target on text") -> list[Example]:
+    """Plain text (e.g. standard-library source) scored by one forward pass of the target."""
+    dev = next(target.parameters()).device
+    out: list[Example] = []
+    for b0 in tqdm(range(0, len(sequences), batch_size), desc=desc, unit="batch", dynamic_ncols=True, file=sys.stderr):
+        batch = sequences[b0 : b0 + batch_size]
+        width = max(len(s) for s in batch)
+        inp = torch.zeros((len(batch), width), dtype=torch.long)
+        for r, s in enumerate(batch):
+            inp[r, : len(s)] = torch.tensor(s)  # right padding: causal attention never looks ahead
+        logits = target(input_ids=inp.to(dev)).logits.cpu()
+        for r, s in enumerate(batch):
+            ti, tv = topk_logp(logits[r, : len(s) - 1], topk)
+            out.append(Example(list(s), 0, ti, tv))
+    return out
+
+
+def draft_vocabulary(examples: list[Example], size: int, vocab_size: int) -> torch.Tensor:
+    """The `size` ids a drafter's head keeps (DraftHead): the domain's most likely next tokens.
+
+    Ranked by their expected count under the target on the training data (the sum of its top-k
+    probabilities over every labelled position), then filled up in id order: a BPE tokenizer
+    numbers its merges by frequency in its own training corpus, so low ids are common tokens.
+    """
+    size = min(size, vocab_size)
+    mass = torch.zeros(vocab_size)
+    for e in examples:
+        mass.index_add_(0, e.top_ids.reshape(-1), e.top_logp.exp().reshape(-1))
+    seen = int((mass > 0).sum())
+    ranked = mass.argsort(descending=True, stable=True)[: min(seen, size)]
+    chosen = torch.zeros(vocab_size, dtype=torch.bool)
+    chosen[ranked] = True
+    fill = (~chosen).nonzero().view(-1)[: size - ranked.numel()]
+    chosen[fill] = True
+    return chosen.nonzero().view(-1)
+
+
+def fit(params: list[torch.nn.Parameter], batch_loss: Callable[[], tuple[torch.Tensor, torch.Tensor]], steps: int,
+        lr: float, warmup: int = 20, budget_s: float = 0.0, desc: str = "train") -> dict:
+    """AdamW over `params` for `steps` steps (or until `budget_s` seconds have passed, where given), with a
+    linear warm-up then a cosine down to a tenth of `lr`; `batch_loss()` draws a batch and returns its loss
+    and per-label top-1 agreement. Returns the run's record (steps done, time, first/final loss, agreement)."""
+    opt = torch.optim.AdamW(params, lr=lr, betas=(0.9, 0.95), weight_decay=0.0)
+
+    def lr_at(step: int, elapsed: float) -> float:
+        if step < warmup:
+            return lr * (step + 1) / warmup
+        t = (step - warmup) / max(1, steps - warmup)
+        if budget_s:  # a time budget that ends the run early still ends it on the low learning rate
+            t = max(t, elapsed / budget_s)
+        return lr * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(1.0, t))))
+
+    history: list[tuple[float, float]] = []
+    t0 = time.perf_counter()
+    bar = tqdm(range(steps), desc=desc, unit="step", dynamic_ncols=True, file=sys.stderr)
+    for step in bar:
+        elapsed = time.perf_counter() - t0
+        if budget_s and elapsed > budget_s:
+            break
+        for g in opt.param_groups:
+            g["lr"] = lr_at(step, elapsed)
+        loss, agree = batch_loss()
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(params, 1.0)
+        opt.step()
+        history.append((loss.item(), agree.mean().item() if agree.numel() else 0.0))
+        recent = history[-20:]
+        bar.set_postfix(loss=f"{sum(x for x, _ in recent) / len(recent):.3f}",
+                        agree=f"{sum(a for _, a in recent) / len(recent):.3f}")
+    bar.close()
+    tail = history[-max(1, min(50, len(history) // 5)) :]
+    return {"steps": len(history), "train_seconds": round(time.perf_counter() - t0, 1),
+            "first_loss": round(history[0][0], 4) if history else None,
+            "final_loss": round(sum(x for x, _ in tail) / len(tail), 4) if tail else None,
+            "final_train_agreement": round(sum(a for _, a in tail) / len(tail), 4) if tail else None}
+
+
+def encode_chat(tokenizer, prompts: list[str]) -> list[list[int]]:
+    out = []
+    for p in prompts:
+        ids = tokenizer.apply_chat_template([{"role": "user", "content": p}], add_generation_prompt=True,
+                                            tokenize=True, return_dict=False)
+        if isinstance(ids, dict) or hasattr(ids, "input_ids"):
+            ids = ids["input_ids"]
+        out.append(list(ids))
+    return out
+
+
+def build_examples(target, tokenizer, domain: str, prompts: int, max_new_tokens: int, seed: int,
+                   text_chunks: int = 0, batch_size: int = 16, topk: int = 16, exclude: int = 0,
+                   exclude_seed: int = 0) -> list[Example]:
+    """The domain's training data: the target's answers to its prompts (+ stdlib text for code).
+
+    `exclude`: leave out the `exclude` training prompts of `exclude_seed`, for held-out data.
+    """
+    texts = domain_prompts(domain, prompts + exclude, seed)
+    if exclude:
+        train_set = set(domain_prompts(domain, exclude, exclude_seed))
+        texts = [t for t in texts if t not in train_set][:prompts]
+    eos = target.generation_config.eos_token_id
+    eos_ids = set(eos) if isinstance(eos, list | tuple) else ({int(eos)} if eos is not None else set())
+    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
+    ex = answer_examples(target, encode_chat(tokenizer, texts), max_new_tokens, eos_ids, pad, batch_size, topk,
+                         desc=f"{domain}: target answers")
+    if text_chunks:
+        chunks = stdlib_chunks(random.Random(f"text:{seed}"), text_chunks)
+        seqs = [tokenizer(c, add_special_tokens=False)["input_ids"][:256] for c in chunks]
+        ex += text_examples(target, seqs, topk=topk, desc=f"{domain}: target on stdlib text")
+    return ex
+
+
+def domain_data(a: argparse.Namespace, bundle, chunks: int) -> tuple[list[Example], list[Example], float]:
+    """The domain's training and held-out examples, from `--data-cache` where it exists (else generated,
+    and saved there). Returns (train, eval, seconds the target took to generate them)."""
+    target, tok = bundle.target, bundle.tokenizer
+    cache = Path(a.data_cache) if a.data_cache else None
+    if cache is not None and cache.exists():
+        data = torch.load(cache, weights_only=True)
+        train_ex, eval_ex = ([Example(**e) for e in data[k]] for k in ("train", "eval"))
+        return train_ex, eval_ex, data["seconds"]
+    t0 = time.perf_counter()
+    # Held-out prompts come from another seed, so they never appear in training.
+    train_ex = build_examples(target, tok, a.domain, a.prompts, a.max_new_tokens, a.seed, chunks, a.gen_batch, a.topk)
+    eval_ex = build_examples(target, tok, a.domain, a.eval_prompts, a.max_new_tokens, a.seed + 1000, 0,
+                             a.gen_batch, a.topk, exclude=a.prompts, exclude_seed=a.seed)
+    gen_s = time.perf_counter() - t0
+    if cache is not None:
+        cache.parent.mkdir(parents=True, exist_ok=True)
+        torch.save({"train": [vars(e) for e in train_ex], "eval": [vars(e) for e in eval_ex], "seconds": gen_s}, cache)
+    return train_ex, eval_ex, gen_s
