@@ -9,9 +9,19 @@ import json
 import math
 import os
 import sys
+import time
+from pathlib import Path
 from typing import Any
 
+from metasd.benchmark.bench import add_bench_args, add_priors_args, cmd_priors
 from metasd.core import defaults
+from metasd.core.engine import generate
+from metasd.core.events import Summary
+from metasd.core.runfile import MAX_BYTES, parse_run, run_document
+from metasd.core.validation import InvalidInput
+from metasd.drafting.catalog import describe, measure_costs, save_costs
+from metasd.drafting.registry import load_plugins, registered
+from metasd.models.loading import load_bundle
 from metasd.models.presets import DEFAULT_PRESET, PRESETS
 
 # A distinct terminal colour per drafter (cycled); the target's own tokens stay plain.
@@ -57,10 +67,6 @@ def _render_round(ev: Any, colours: dict[str, str], show_rejected: bool) -> str:
 
 
 def cmd_generate(a: argparse.Namespace) -> int:
-    from metasd.core.engine import generate
-    from metasd.core.events import Summary
-    from metasd.models.loading import load_bundle
-
     bundle = load_bundle(a.preset, device=a.device, dtype=a.dtype)
     events = generate(
         bundle, a.prompt, drafters=a.drafters, policy=a.policy, reward=a.reward,
@@ -82,14 +88,8 @@ def cmd_generate(a: argparse.Namespace) -> int:
             print(_render_round(ev, colours, not a.hide_rejected) if tty else "".join(ev.emitted_text),
                   end="", flush=True)
     summary = ev
-    if a.json:  # a run file: the generate --json contract plus what `replay` needs (metasd.core.runfile)
-        from metasd.core.runfile import run_document
-        from metasd.ui.viz import drafter_colors
-
-        obj = run_document(a.prompt, rounds, summary, preset=bundle.preset.name, target=bundle.preset.target,
-                           drafters=list(rounds[0].probabilities) if rounds else bundle.default_drafters,
-                           colors=drafter_colors(bundle.drafter_names), settings=summary.config)
-        print(json.dumps(obj, ensure_ascii=False))
+    if a.json:
+        print(json.dumps(json_document(a, bundle, rounds, summary), ensure_ascii=False))
     else:
         print(f"\n\n{summary.new_tokens} tokens in {summary.wall_s:.2f} s ({summary.tokens_per_s:.1f} tokens/s), "
               f"{summary.target_calls} target calls, {summary.mean_accepted:.2f} accepted per call, "
@@ -98,6 +98,17 @@ def cmd_generate(a: argparse.Namespace) -> int:
             print(f"  {colours[d.name]}{d.name:16s}{_RESET} pulls {d.pulls:4d}  acceptance {d.acceptance_rate:6.1%}  "
                   f"mean reward {d.mean_reward:.3f}")
     return 0
+
+
+def json_document(a: argparse.Namespace, bundle: Any, rounds: list[Any], summary: Any) -> dict[str, Any]:
+    """`generate --json`'s one object: a run file, the --json contract plus what `replay` needs
+    (metasd.core.runfile). A new field of the output goes here."""
+    # Deferred on purpose: the view module pulls in plotly, which only --json's colours need.
+    from metasd.ui.viz import drafter_colors
+
+    return run_document(a.prompt, rounds, summary, preset=bundle.preset.name, target=bundle.preset.target,
+                        drafters=list(rounds[0].probabilities) if rounds else bundle.default_drafters,
+                        colors=drafter_colors(bundle.drafter_names), settings=summary.config)
 
 
 def _drafters_args(sub: argparse._SubParsersAction) -> None:
@@ -119,17 +130,11 @@ def _size(n: int | None) -> str:
 def cmd_drafters(a: argparse.Namespace) -> int:
     """The preset's drafters from its spec and weight files (no model is loaded unless --measure), then the
     registered ones."""
-    from metasd.core.validation import InvalidInput
-    from metasd.drafting.catalog import describe, measure_costs, save_costs
-    from metasd.drafting.registry import registered
-
     if a.preset not in PRESETS:
         raise InvalidInput(f"unknown preset {a.preset!r}; choose one of {', '.join(PRESETS)}")
     preset = PRESETS[a.preset]
     costs = None
     if a.measure:
-        from metasd.models.loading import load_bundle
-
         bundle = load_bundle(preset)
         costs, detail = measure_costs(bundle, list(bundle.specs), progress=lambda m: print(m, file=sys.stderr))
         if a.save:
@@ -162,12 +167,6 @@ def _replay_args(sub: argparse._SubParsersAction) -> None:
 
 
 def cmd_replay(a: argparse.Namespace) -> int:
-    import time
-    from pathlib import Path
-
-    from metasd.core.runfile import MAX_BYTES, parse_run
-    from metasd.core.validation import InvalidInput
-
     try:
         speed = float(a.speed)
     except ValueError:
@@ -201,16 +200,11 @@ def cmd_replay(a: argparse.Namespace) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from metasd.core.validation import InvalidInput
-    from metasd.drafting.registry import load_plugins
-
     p = argparse.ArgumentParser(prog="python -m metasd", description=__doc__)
     sub = p.add_subparsers(dest="command", required=True)
     _generate_args(sub)
     _drafters_args(sub)
     _replay_args(sub)
-    from metasd.benchmark.bench import add_bench_args, add_priors_args  # part of the package: a failing import is a real error
-
     add_bench_args(sub)
     add_priors_args(sub)
     a = p.parse_args(argv)
@@ -228,8 +222,6 @@ def main(argv: list[str] | None = None) -> int:
         if a.command == "replay":
             return cmd_replay(a)
         if a.command == "priors":
-            from metasd.benchmark.bench import cmd_priors
-
             return cmd_priors(a)
         return a.func(a)
     except InvalidInput as e:

@@ -32,6 +32,8 @@ from typing import Any
 
 import pandas as pd
 import torch
+import transformers
+from tqdm.auto import tqdm
 
 from metasd import paths
 from metasd.bandits.policies import POLICIES, single_drafter, single_method
@@ -40,7 +42,7 @@ from metasd.benchmark.tables import BenchResult, summarize, summary_markdown
 from metasd.core.engine import encode_prompt, run, target_greedy
 from metasd.core.events import RoundEvent
 from metasd.core.validation import REWARDS, InvalidInput, clean_prompt, first_per_category, parse_prompt_set
-from metasd.models.loading import Bundle
+from metasd.models.loading import Bundle, load_bundle
 from metasd.models.presets import DEFAULT_PRESET, PRESETS
 
 EXAMPLES_FILE = paths.EXAMPLES_FILE
@@ -337,9 +339,6 @@ def run_bench(bundle: Bundle, prompts: Sequence[Prompt], methods: Sequence[Metho
     runnable = [m for m in methods if m.kind != "oracle"]
     g = bundle.preset.gamma if gamma is None else gamma
     encoded = _encode_prompts(bundle, prompts, max_new_tokens + g + 1, chat_template, log)
-
-    from tqdm.auto import tqdm
-
     meta = {
         "preset": bundle.preset.name, "device": str(bundle.device),
         "dtype": str(next(bundle.target.parameters()).dtype).replace("torch.", ""),
@@ -472,6 +471,7 @@ def write_outputs(result: BenchResult, out_dir: str | Path, html: bool = True) -
     paths["summary.md"].write_text(summary_markdown(result), encoding="utf-8")
     paths["meta.json"].write_text(json.dumps(result.meta, indent=2), encoding="utf-8")
     if html:
+        # Deferred on purpose: the report pulls in plotly, which only an HTML report needs.
         from metasd.benchmark.report import report_html
 
         paths["report.html"].write_text(report_html(result), encoding="utf-8")
@@ -514,10 +514,6 @@ def add_bench_args(sub: argparse._SubParsersAction) -> None:
 
 
 def cmd_bench(a: argparse.Namespace) -> int:
-    import transformers
-
-    from metasd.models.loading import load_bundle
-
     if a.max_new_tokens < 1 or a.max_new_tokens > 4096:
         raise InvalidInput(f"max_new_tokens must be between 1 and 4096, got {a.max_new_tokens}")
     if a.per_category < 0:
@@ -557,8 +553,6 @@ def cmd_bench(a: argparse.Namespace) -> int:
 def measure_priors(bundle: Bundle, prompts: list[Prompt], max_new_tokens: int, weight: float = DEFAULT_WEIGHT,
                    progress: bool = True) -> dict[str, Any]:
     """Run every prompt with full information once per reward kind and average each arm's reward."""
-    from tqdm.auto import tqdm
-
     arms = bundle.default_drafters
     sums = {r: dict.fromkeys(arms, 0.0) for r in PRIOR_REWARDS}
     counts = {r: dict.fromkeys(arms, 0) for r in PRIOR_REWARDS}
@@ -593,8 +587,6 @@ def add_priors_args(sub: argparse._SubParsersAction) -> None:
 
 
 def cmd_priors(a: argparse.Namespace) -> int:
-    from metasd.models.loading import load_bundle
-
     everything = load_prompts(a.prompts, spec_bench_tasks=True)
     skipped = set(id(p) for p in first_per_category(everything, a.skip_per_category, category=lambda p: p.category))
     rest = [p for p in everything if id(p) not in skipped]

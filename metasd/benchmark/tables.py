@@ -177,6 +177,13 @@ def summary_markdown(result: BenchResult) -> str:
             {"speed-up": "x", "CPU-time speed-up": "x", "identical": "%", "tokens/s": ""},
         ),
     ]
+    return "\n".join(out + _tail_sections(s, result)) + "\n"
+
+
+def _tail_sections(s: pd.DataFrame, result: BenchResult) -> list[str]:
+    """The summary's last sections: where the engine's time goes, the oracle's choices, identity."""
+    res = result.results
+    out: list[str] = []
     split = time_split(s, result.rounds)
     if not split.empty:
         out += [
@@ -201,4 +208,4 @@ def summary_markdown(result: BenchResult) -> str:
                    "(first differing token index; under greedy fp32 each is a bug unless the logits tie):")
         out.append("")
         out.append(markdown_table(bad[["method", "question_id", "category", "first_mismatch", "new_tokens"]]))
-    return "\n".join(out) + "\n"
+    return out

@@ -1,0 +1,199 @@
+"""The shape of the code, read from the source: no import circles, a pure view module, short functions,
+one registry of drafter kinds and one set of request defaults."""
+
+from __future__ import annotations
+
+import argparse
+import ast
+import inspect
+from functools import cache
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+PACKAGE = ROOT / "metasd"
+MAX_FUNCTION_LINES = 60
+
+# Functions over MAX_FUNCTION_LINES, by "path:qualified name". Empty now: a function that grows past the limit
+# fails below; an entry here that is no longer long fails too, so the list can only shrink.
+LONG_FUNCTIONS: dict[str, int] = {}
+
+
+def module_name(path: Path) -> str:
+    parts = list(path.relative_to(ROOT).with_suffix("").parts)
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+@cache
+def modules() -> dict[str, Path]:
+    return {module_name(p): p for p in sorted(PACKAGE.rglob("*.py"))}
+
+
+def imported(path: Path, known: dict[str, Path]) -> set[str]:
+    """The project modules `path` imports anywhere: at its top, inside functions, under TYPE_CHECKING."""
+    found: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.Import):
+            found |= {a.name for a in node.names if a.name in known}
+        elif isinstance(node, ast.ImportFrom):
+            assert node.level == 0, f"{path}: relative import; the package uses absolute ones"
+            if node.module is None:
+                continue
+            for a in node.names:  # `from metasd.core import defaults` imports the module metasd.core.defaults
+                sub = f"{node.module}.{a.name}"
+                found.add(sub if sub in known else node.module)
+    return {m for m in found if m in known}
+
+
+@cache
+def import_graph() -> dict[str, frozenset[str]]:
+    known = modules()
+    return {m: frozenset(imported(p, known) - {m}) for m, p in known.items()}
+
+
+def find_cycle(graph: dict[str, frozenset[str]]) -> list[str] | None:
+    """One import circle of `graph` (a list of modules, the first repeated at the end), or None."""
+    state: dict[str, int] = {}  # 1: on the current path, 2: done
+    path: list[str] = []
+
+    def visit(m: str) -> list[str] | None:
+        state[m] = 1
+        path.append(m)
+        for n in sorted(graph[m]):
+            if state.get(n) == 1:
+                return path[path.index(n):] + [n]
+            if n not in state and (found := visit(n)):
+                return found
+        path.pop()
+        state[m] = 2
+        return None
+
+    for m in sorted(graph):
+        if m not in state and (found := visit(m)):
+            return found
+    return None
+
+
+def closure(graph: dict[str, frozenset[str]], start: str) -> set[str]:
+    seen, todo = set(), [start]
+    while todo:
+        m = todo.pop()
+        if m not in seen:
+            seen.add(m)
+            todo.extend(graph[m])
+    return seen - {start}
+
+
+def test_cycle_finder_finds_a_planted_circle():
+    """The check below can fail: a circle planted in a copy of the real graph is found."""
+    graph = dict(import_graph())
+    graph["metasd.models.presets"] = graph["metasd.models.presets"] | {"metasd.models.loading"}
+    cycle = find_cycle(graph)
+    assert cycle is not None and "metasd.models.presets" in cycle and cycle[0] == cycle[-1], cycle
+
+
+def test_the_import_graph_counts_imports_inside_functions(tmp_path):
+    pkg = tmp_path / "metasd"
+    pkg.mkdir()
+    (pkg / "a.py").write_text("def f():\n    from metasd import b\n", encoding="utf-8")
+    (pkg / "b.py").write_text("import metasd.a\n", encoding="utf-8")
+    known = {"metasd.a": pkg / "a.py", "metasd.b": pkg / "b.py"}
+    graph = {m: frozenset(imported(p, known) - {m}) for m, p in known.items()}
+    assert find_cycle(graph) == ["metasd.a", "metasd.b", "metasd.a"]
+
+
+def test_no_import_circles():
+    graph = import_graph()
+    assert len(graph) > 40 and all(graph[m] <= set(graph) for m in graph)
+    cycle = find_cycle(graph)
+    assert cycle is None, f"import circle: {' -> '.join(cycle)}"
+
+
+def test_the_view_module_sits_below_the_engine():
+    """metasd/ui/viz.py is pure: nothing it imports, however indirectly, loads models, runs the engine or
+    benchmarks."""
+    below = closure(import_graph(), "metasd.ui.viz")
+    heavy = {"metasd.core.engine", "metasd.models.loading", "metasd.drafting.catalog", "metasd.drafting.drafters",
+             "metasd.benchmark.bench", "metasd.core.streaming"}
+    assert not below & heavy, sorted(below & heavy)
+    assert "metasd.drafting.registry" in below  # its kind lookup
+
+
+# ----------------------------------------------------------------------------------------------
+# Function length
+
+
+def long_functions() -> dict[str, int]:
+    found: dict[str, int] = {}
+    for path in [*sorted(PACKAGE.rglob("*.py")), ROOT / "app.py"]:
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+        stack: list[tuple[ast.AST, str]] = [(tree, "")]
+        while stack:
+            node, prefix = stack.pop()
+            for child in ast.iter_child_nodes(node):
+                name = f"{prefix}{child.name}" if isinstance(child, ast.FunctionDef | ast.AsyncFunctionDef
+                                                              | ast.ClassDef) else prefix
+                if isinstance(child, ast.FunctionDef | ast.AsyncFunctionDef):
+                    lines = child.end_lineno - child.lineno + 1
+                    if lines > MAX_FUNCTION_LINES:
+                        found[f"{path.relative_to(ROOT)}:{name}"] = lines
+                stack.append((child, f"{name}." if name != prefix else prefix))
+    return found
+
+
+def test_long_function_finder_measures_what_it_should(tmp_path, monkeypatch):
+    body = "\n".join(f"    x{i} = {i}" for i in range(MAX_FUNCTION_LINES))
+    code = f"class K:\n    def short(self):\n        pass\n\n    def long(self):\n{body.replace('    ', '        ')}\n"
+    (tmp_path / "metasd").mkdir()
+    (tmp_path / "metasd" / "m.py").write_text(code, encoding="utf-8")
+    (tmp_path / "app.py").write_text("def f():\n    pass\n", encoding="utf-8")
+    monkeypatch.setitem(globals(), "ROOT", tmp_path)
+    monkeypatch.setitem(globals(), "PACKAGE", tmp_path / "metasd")
+    assert long_functions() == {"metasd/m.py:K.long": MAX_FUNCTION_LINES + 1}
+
+
+def test_no_function_over_60_lines():
+    found = long_functions()
+    new = {k: v for k, v in found.items() if k not in LONG_FUNCTIONS}
+    assert not new, f"functions over {MAX_FUNCTION_LINES} lines (split them): {new}"
+    shrunk = sorted(set(LONG_FUNCTIONS) - set(found))
+    assert not shrunk, f"no longer over {MAX_FUNCTION_LINES} lines, take them off LONG_FUNCTIONS: {shrunk}"
+
+
+# ----------------------------------------------------------------------------------------------
+# One registry, one set of defaults
+
+
+def test_one_list_of_drafter_kinds():
+    """Every preset's drafter kind has a factory in the one registry, and reports a family plugins can use."""
+    import metasd.models.loading  # noqa: F401 (imports the modules that register the built-in kinds)
+    from metasd.drafting import registry
+    from metasd.models.presets import PRESETS
+
+    kinds = {s.kind for p in PRESETS.values() for s in p.drafters}
+    assert kinds <= set(registry.SPEC_KINDS), sorted(kinds - set(registry.SPEC_KINDS))
+    assert set(registry._factories) == set(registry.SPEC_KINDS), sorted(set(registry.SPEC_KINDS) ^ set(registry._factories))
+    assert set(registry.SPEC_KINDS.values()) == set(registry.KINDS)
+    with pytest.raises(ValueError):
+        registry.register_kind("no-such-kind", lambda bundle, spec: None)
+
+
+def test_one_set_of_request_defaults():
+    """The CLI (and its --help) and the page's API and policy box start from metasd.core.defaults."""
+    from metasd.cli import _generate_args
+    from metasd.core import defaults
+    from metasd.ui.config import PAGE_POLICY
+    from metasd.ui.generate import generate_view
+
+    parser = argparse.ArgumentParser()
+    _generate_args(parser.add_subparsers(dest="command"))
+    cli = vars(parser.parse_args(["generate", "hi"]))
+    api = {k: p.default for k, p in inspect.signature(generate_view).parameters.items()}
+    for name in ("policy", "reward", "gamma", "max_new_tokens", "temperature", "top_p", "seed", "full_info", "cold"):
+        value = getattr(defaults, name.upper())
+        assert api[name] == value, (name, api[name], value)
+        assert cli[name] == value, (name, cli[name], value)
+    assert PAGE_POLICY == defaults.POLICY
+    help_text = parser._subparsers._group_actions[0].choices["generate"].format_help()
+    assert " ".join(defaults.describe().split()) in " ".join(help_text.split())
