@@ -288,11 +288,23 @@ def test_run_bench_needs_a_baseline(bundle):
                   max_new_tokens=4, progress=False)
 
 
-def test_bench_module_has_no_copy_of_the_questions():
-    import inspect
+def test_prompts_come_only_from_the_file_named(tmp_path):
+    """The benchmark carries no prompts of its own: it runs exactly what the named file holds, refuses a
+    missing file instead of falling back to anything, and `examples` is the page's own examples file."""
+    from metasd import paths
+    from metasd.benchmark.bench import load_prompts
 
-    src = inspect.getsource(bench)
-    assert "Compose an engaging travel blog post" not in src
+    mine = [{"question_id": 7, "category": "zz-own", "turns": ["a prompt no one else has: 4f1c9"]},
+            {"question_id": 9, "category": "zz-own", "turns": ["and its sibling: 0b7e2", "a second turn"]}]
+    f = tmp_path / "q.jsonl"
+    f.write_text("".join(json.dumps(x) + "\n" for x in mine), encoding="utf-8")
+    got = load_prompts(f)
+    assert [(p.question_id, p.category, p.text) for p in got] == [(7, "zz-own", mine[0]["turns"][0]),
+                                                                 (9, "zz-own", mine[1]["turns"][0])]
+    with pytest.raises(InvalidInput, match="no prompts file"):
+        load_prompts(tmp_path / "missing.jsonl")
+    shipped = json.loads(paths.EXAMPLES_FILE.read_text(encoding="utf-8"))
+    assert [p.text for p in load_prompts("examples")] == [e["turns"][0] for e in shipped]
 
 
 def test_prompts_run_round_robin_over_categories():

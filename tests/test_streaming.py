@@ -147,13 +147,40 @@ def test_concurrent_streams_get_exactly_their_own_outputs(bundle):
         assert results[seed] == alone.token_ids
 
 
-def test_frame_rate_is_bounded_by_rendering_cost():
-    stream = EngineStream(iter(()), threading.Event(), max_fps=8.0)
-    stream.frame_cost(0.001)
-    assert stream.interval == pytest.approx(1 / 8)
-    stream.frame_cost(0.2)
-    assert stream.interval == pytest.approx(0.6)
-    list(stream.batches())
+def test_slow_rendering_spaces_the_frames_out_and_each_frame_carries_the_rounds_in_between(bundle):
+    """A frame that took 0.5 s to render makes the next one wait at least three times that, and the rounds the
+    engine produced meanwhile arrive together in it; the first round is shown at once, the summary ends it."""
+    import time
+
+    _, summary = run(bundle, PROMPT, chat_template=False, max_new_tokens=4, policy="round-robin")
+    rounds = [object() for _ in range(5)]  # the stream hands events over without looking into rounds
+    summary_gate = threading.Event()
+
+    def events():
+        yield from rounds
+        summary_gate.wait(30)
+        yield summary
+
+    stream = EngineStream(events(), threading.Event(), max_fps=8.0)
+    try:
+        frames = stream.batches()
+        first, done = next(frames)
+        assert [t.event for t in first] == rounds[:1] and not done  # the first visible token is not held back
+        stream.frame_cost(0.5)  # that frame took 0.5 s to draw
+        asked = time.perf_counter()
+        second, done = next(frames)
+        waited = time.perf_counter() - asked
+        assert waited >= 1.5 * 0.999, f"the next frame came {waited:.3f} s after the last one was drawn"
+        assert [t.event for t in second] == rounds[1:] and not done  # four rounds, one frame
+        summary_gate.set()
+        last, done = next(frames)
+        assert done and [t.event for t in last] == [summary]
+        with pytest.raises(StopIteration):
+            next(frames)
+        assert (stream.frames, stream.rounds) == (3, 5)
+    finally:
+        summary_gate.set()
+        stream.close()
     with pytest.raises(ValueError):
         EngineStream(iter(()), threading.Event(), max_fps=0)
 
@@ -209,26 +236,31 @@ def test_the_prompt_is_prefilled_by_the_engine_worker_not_by_the_caller(bundle):
     assert callers and set(callers) == {"metasd-engine"}
 
 
-def test_target_alone_is_timed_with_the_engine_workers_threading(bundle):
-    """The page's speed-up divides by the target alone: its prompt pass must get the prefill's threads and
-    every step after it the rounds' threads, exactly as the engine's worker does (metasd.core.streaming)."""
+def test_target_alone_is_timed_with_the_engine_workers_threading(bundle, monkeypatch):
+    """The page's speed-up divides by the target alone (metasd.ui.bundles.measure_target): its prompt pass
+    must get the prefill's threads and every step after it the rounds' threads, in a thread of its own,
+    exactly as the engine's worker does, and give the target's own greedy answer."""
     import torch
-    from transformers import LogitsProcessorList
 
     from metasd.core.engine import target_greedy
-    from metasd.ui.bundles import _StepThreads
+    from metasd.ui import bundles
 
-    seen: list[int] = []
-    hook = bundle.target.register_forward_pre_hook(lambda *_: seen.append(torch.get_num_threads()))
+    monkeypatch.setattr(bundles, "HAS_CUDA", False)
+    monkeypatch.setattr(bundles, "PREFILL_THREADS", 2)
+    monkeypatch.setattr(bundles, "TORCH_THREADS", 1)
+    seen: list[tuple[str, int]] = []
+    hook = bundle.target.register_forward_pre_hook(
+        lambda *_: seen.append((threading.current_thread().name, torch.get_num_threads())))
     before = torch.get_num_threads()
     try:
-        torch.set_num_threads(2)
-        out = target_greedy(bundle, PROMPT, 5, logits_processor=LogitsProcessorList([_StepThreads(1)]))
+        out, seconds = bundles.measure_target(bundle, PROMPT, 5)
     finally:
         hook.remove()
-        torch.set_num_threads(before)
-    assert out == target_greedy(bundle, PROMPT, 5)  # the processor hands the scores back unchanged
-    assert seen[0] == 2 and seen[1:] and set(seen[1:]) == {1}
+    assert torch.get_num_threads() == before  # the caller's threads are left as they were
+    assert out == target_greedy(bundle, PROMPT, 5) and seconds > 0
+    assert {name for name, _ in seen} == {"metasd-target-alone"}
+    threads = [n for _, n in seen]
+    assert len(threads) >= 2 and threads[0] == 2 and set(threads[1:]) == {1}, threads
 
 
 def test_in_fresh_thread_returns_raises_and_keeps_the_callers_threads():
