@@ -19,7 +19,7 @@ from metasd.models.loading import Bundle
 
 # The widest spread (best logit minus the lower of the two parting tokens' logits) at which a divergence
 # still counts as rounding, per dtype. bfloat16's comes from scripts/measure_bf16.py on the offline preset
-# (18 prompts x 64 tokens; the README's table): over 1043 positions a bf16 forward pass put the top-two gap
+# (18 prompts x 64 tokens, 2026-12-01; docs/BENCHMARKS.md, bf16): over 1043 positions a bf16 forward pass put the top-two gap
 # up to 0.46 logit away from fp32's (median 0.065, 99th percentile 0.33), and the spread this module
 # measures carries one such error; every divergence found sat at a bf16 gap of at most 0.125 and an fp32 gap
 # of at most 0.145, while the median fp32 gap over all positions is 1.68 and only 22% of positions are within

@@ -111,8 +111,8 @@ PRESETS: dict[str, Preset] = {
                 *WHITE_BOX_DRAFTERS,
             ),
             tags=("cpu", "offline"),
-            # layer-skip costs ~0.85 of a target step per drafted token on this CPU and passes
-            # ~17% of its drafts: 0.66x alone in the Spec-Bench run (README, Benchmarks).
+            # layer-skip costs 0.83 of a target step per drafted token on the development CPU
+            # (assets/drafters/costs.json) and ran at 0.64x alone on Spec-Bench (2026-12-01, docs/BENCHMARKS.md).
             bandit_drafters=("prompt-lookup", "token-recycling", "retrieval", *(d.name for d in DISTILLED_DRAFTERS)),
         ),
         Preset(

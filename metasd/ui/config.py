@@ -45,7 +45,7 @@ HAS_CUDA = torch.cuda.is_available()
 # Generations that may run at once (each one holds the model): 1 on a CPU, 2 on a GPU.
 GEN_CONCURRENCY = int(os.environ.get("METASD_CONCURRENCY", "2" if HAS_CUDA else "1"))
 QUEUE_SIZE = int(os.environ.get("METASD_QUEUE_SIZE", "32"))
-# torch threads per generation on a CPU. Measured on the offline preset (2 cores, scripts/measure_threads.py
+# torch threads per generation on a CPU. Measured 2026-12-01 on the offline preset (2 cores, scripts/measure_threads.py
 # and measure_page_examples.py): two threads in a worker run the engine at 32-36 tokens/s against 22-26 with
 # one, but only without a browser on the same machine; with one there (a teacher's `make run`), the streamed
 # run lost more than the target alone and the page showed 0.62-1.17x instead of 0.83-1.54x. So one thread
