@@ -9,8 +9,8 @@ import torch
 from torch import nn
 
 from metasd import run, target_greedy
+from metasd.models import cpu_linear
 from metasd.models.cpu_linear import PackedLinear, pack_linears, unpack_linears
-from metasd.models.loading import cpu_linear
 from tests.tiny import tiny_bundle, tiny_llama
 
 pytestmark = pytest.mark.skipif(cpu_linear._packed_op() is None, reason="this torch has no oneDNN packed linear")

@@ -6,8 +6,8 @@ import json
 
 import pytest
 
-from metasd import priors as priors_mod
 from metasd import run, target_greedy
+from metasd.bandits import priors as priors_mod
 from metasd.bandits.policies import make_policy
 from metasd.benchmark.bench import parse_methods
 from metasd.core.validation import InvalidInput

@@ -19,7 +19,7 @@ from transformers import DynamicCache
 
 from metasd.core.engine import run
 from metasd.drafting.files import drafter_path, parameter_count
-from metasd.drafting.registry import kind_of
+from metasd.drafting.registry import kind_by_name, kind_of  # noqa: F401 (kind_by_name: the family a name reports)
 from metasd.models.presets import DrafterSpec, Preset
 from metasd.paths import COSTS_FILE, DATASTORE_DIR, ROOT
 

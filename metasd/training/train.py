@@ -47,11 +47,12 @@ from metasd.drafting.files import (
     write_card_text,
 )
 from metasd.models.loading import build_distilled, distilled_config, drafter_config_json, load_bundle, load_distilled
-from metasd.training.common import (  # noqa: F401 (answer_examples, text_examples: this module's public names too)
+from metasd.training.common import (  # noqa: F401 (answer_examples, encode_chat, text_examples: public here too)
     Example,
     answer_examples,
     domain_data,
     draft_vocabulary,
+    encode_chat,
     fit,
     text_examples,
 )
