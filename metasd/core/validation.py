@@ -24,6 +24,30 @@ PROMPT_SET_MAX_BYTES = 1_000_000  # an uploaded Spec-Bench JSONL (the real one i
 PROMPT_SET_MAX_LINES = 5_000
 PLAYGROUND_MAX_DRAFTERS = 8
 LABEL_MAX_CHARS = 64  # drafter names, categories and question ids shown back in the page
+
+# ---- What one visitor may make the server do: every bound in one place (README "Bounds" lists them). ----
+# Run files (metasd.core.runfile.parse_run; the Replay tab, the CLI's `replay`).
+RUN_MAX_BYTES = 4_000_000  # a 1024-token run with full information is ~1.5 MB, without it ~0.6 MB
+RUN_MAX_ROUNDS = 5_000
+RUN_MAX_DRAFTERS = 32  # distinct drafter names in one file (a preset has <= 10, plugins add a few)
+RUN_MAX_DRAFT = 64  # drafted tokens per round (the page's gamma is <= 16; adaptive drafting stays below 64)
+RUN_MAX_TOKEN_CHARS = 256  # text of one token
+RUN_MAX_TEXT_CHARS = 2 * MAX_PROMPT_CHARS  # prompt and text of a run
+RUN_MAX_FIELD_KEYS = 64  # entries of the settings and config objects
+RUN_ROUND_MAX_MS = 10_000.0  # a recorded draft, verify or overhead time is clamped to this (a real round: ~0.1 s)
+RUN_MAX_TOKEN_ID = 2**31 - 1
+# The token view of an accepted run file is at most RENDER_FACTOR x its size + RENDER_FLOOR bytes (the
+# gallery's runs render to 0.3-0.9x their size); a file that would render larger is refused before rendering.
+RENDER_FACTOR = 4
+RENDER_FLOOR = 65_536
+REPLAY_MAX_S = 120.0  # a replay's wall time at most: a longer recording (or a slow speed) is played faster
+# Gradio's upload cap: the largest file any upload takes (run files; prompt sets are checked at their own cap).
+UPLOAD_MAX_BYTES = max(RUN_MAX_BYTES, PROMPT_SET_MAX_BYTES)
+# Compare: total prompt characters x max new tokens of one call (the 14 built-in examples at 256 tokens use
+# ~0.9M; 21 prompts of 2,000 characters at 256 tokens is 10.8M, about 15 minutes on a 2-core CPU).
+COMPARE_MAX_WORK = 12_000_000
+# Bandit playground: policies x rounds x drafters of one simulation (all 8 policies, 20,000 rounds, 8 drafters: 1.28M).
+PLAYGROUND_MAX_WORK = 1_280_000
 LIMITS = {
     "gamma": (1, 16),
     "max_new_tokens": (1, 4096),
