@@ -119,6 +119,8 @@ def _int(x: Any, what: str, lo: int = 0, hi: int = 10**9) -> int:
 
 def _ms(x: Any, what: str) -> float:
     """A recorded time in ms: a non-negative number, clamped to what a real round can take."""
+    if isinstance(x, int) and not isinstance(x, bool) and x > RUN_ROUND_MAX_MS:
+        return RUN_ROUND_MAX_MS  # an integer beyond any float converts to nothing: clamp it first
     return min(_num(x, what, 0.0, math.inf), RUN_ROUND_MAX_MS)
 
 
