@@ -137,7 +137,8 @@ def test_launch_binds_locally_without_a_share_link_and_bounds_the_queue(monkeypa
     assert kw["server_name"] == "127.0.0.1" and kw["share"] is False
     assert kw["allowed_paths"] == [str(app.TMP)]
     assert str(ROOT) in kw["blocked_paths"]
-    assert kw["max_file_size"] == app.PROMPT_SET_MAX_BYTES
+    # gradio's upload cap is the run-file cap (the largest upload any tab takes), never below it
+    assert kw["max_file_size"] == app.UPLOAD_MAX_BYTES == max(app.RUN_MAX_BYTES, app.PROMPT_SET_MAX_BYTES)
     assert demo._queue.max_size == app.QUEUE_SIZE
     with mock.patch.object(gr.Blocks, "launch") as launch:
         app.launch(demo, share=True)  # only when asked
@@ -177,3 +178,9 @@ def test_input_limits_protect_the_host():
     assert app.MAX_NEW_TOKENS <= LIMITS["max_new_tokens"][1] and app.COMPARE_MAX_NEW_TOKENS <= app.MAX_NEW_TOKENS
     assert MAX_PROMPT_CHARS <= 32_000 and app.QUEUE_SIZE <= 64 and app.COMPARE_MAX_PROMPTS <= 40
     assert LIMITS["rounds"][1] * LIMITS["gamma"][1] * 8 <= 3_000_000  # the playground's arrays stay small
+    from metasd.core.runfile import MAX_BYTES
+    from metasd.core.validation import COMPARE_MAX_WORK, PLAYGROUND_MAX_WORK, RUN_MAX_BYTES, UPLOAD_MAX_BYTES
+
+    assert MAX_BYTES == RUN_MAX_BYTES <= UPLOAD_MAX_BYTES <= 8_000_000  # one cap, stated once
+    assert 1_500_000 <= RUN_MAX_BYTES  # a 1024-token full-information run (README) is accepted
+    assert COMPARE_MAX_WORK <= 5_000_000 and PLAYGROUND_MAX_WORK <= 500_000

@@ -43,11 +43,29 @@ RENDER_FLOOR = 65_536
 REPLAY_MAX_S = 120.0  # a replay's wall time at most: a longer recording (or a slow speed) is played faster
 # Gradio's upload cap: the largest file any upload takes (run files; prompt sets are checked at their own cap).
 UPLOAD_MAX_BYTES = max(RUN_MAX_BYTES, PROMPT_SET_MAX_BYTES)
-# Compare: total prompt characters x max new tokens of one call (the 14 built-in examples at 256 tokens use
-# ~0.9M; 21 prompts of 2,000 characters at 256 tokens is 10.8M, about 15 minutes on a 2-core CPU).
-COMPARE_MAX_WORK = 12_000_000
-# Bandit playground: policies x rounds x drafters of one simulation (all 8 policies, 20,000 rounds, 8 drafters: 1.28M).
-PLAYGROUND_MAX_WORK = 1_280_000
+# Compare: one call's prompt characters (all prompts together) x max new tokens. Decoding is bounded by
+# COMPARE_MAX_PROMPTS x COMPARE_MAX_NEW_TOKENS; this bounds the prompts' passes (the issue's 30 prompts of 18,000
+# characters at 256 tokens, about 2 hours here, is 138M). The 14 built-in examples at 256 tokens: 0.6M.
+COMPARE_MAX_WORK = 3_000_000
+
+
+def check_compare_work(prompts: Sequence[str], max_new_tokens: int, limit: int = COMPARE_MAX_WORK) -> int:
+    """The work of one Compare call (total prompt characters x max new tokens), or InvalidInput saying the bound
+    and what would fit, before anything runs."""
+    chars = sum(len(p) for p in prompts)
+    work = chars * max_new_tokens
+    if work > limit:
+        fit = max(0, limit // max(chars, 1))
+        raise InvalidInput(f"this comparison is {len(prompts)} prompt(s) of {chars:,} characters x {max_new_tokens} new "
+                           f"tokens = {work:,}; one run may do at most {limit:,} (characters x new tokens): use at most "
+                           f"{limit // max_new_tokens:,} characters at {max_new_tokens} tokens"
+                           + (f", or at most {fit} new tokens" if fit >= 1 else "") + ", or fewer prompts")
+    return work
+
+
+# Bandit playground: policies x rounds x drafters of one simulation. The page's default is 48,000 (under a
+# second); 320,000 is e.g. 4 policies x 20,000 rounds x 4 drafters, at most ~25 s here (Thompson, 8 drafters).
+PLAYGROUND_MAX_WORK = 320_000
 LIMITS = {
     "gamma": (1, 16),
     "max_new_tokens": (1, 4096),
@@ -314,8 +332,15 @@ def validate_playground(rows: Any, policies: Any, gamma: Any, rounds: Any, rewar
         raise InvalidInput(f"unknown policy {unknown[0]!r}; choose from {', '.join(POLICIES)}")
     if reward not in REWARDS:
         raise InvalidInput(f"unknown reward {reward!r}; choose one of {', '.join(REWARDS)}")
-    return PlaygroundSettings(
+    st = PlaygroundSettings(
         drafters=tuple(drafters), policies=tuple(dict.fromkeys(policies)),
         gamma=int(number("gamma", gamma, True)), rounds=int(number("rounds", rounds, True)), reward=reward,
         full_info=bool(full_info), spread=float(number("spread", spread, False)), seed=int(number("seed", seed, True)),
     )
+    work = len(st.policies) * st.rounds * len(st.drafters)
+    if work > PLAYGROUND_MAX_WORK:  # bounded before it starts (#27)
+        fit = PLAYGROUND_MAX_WORK // (len(st.policies) * len(st.drafters))
+        raise InvalidInput(f"{len(st.policies)} policies x {st.rounds:,} rounds x {len(st.drafters)} drafters = {work:,}; "
+                           f"one simulation may do at most {PLAYGROUND_MAX_WORK:,}: use at most {fit:,} rounds, "
+                           "or fewer policies or drafters")
+    return st

@@ -20,7 +20,7 @@ def refused(e: InvalidInput) -> gr.Error:
     return gr.Error(str(e), print_exception=False)
 
 
-def failure(e: BaseException) -> gr.Error:
+def failure(e: BaseException, what: str = "Generation") -> gr.Error:
     """A message for the user about an unexpected fault; the log keeps the traceback. Out of memory
     frees what the failed request held, so the shared models serve the next request normally."""
     log.error("request failed", exc_info=e)
@@ -32,7 +32,8 @@ def failure(e: BaseException) -> gr.Error:
         free_memory()
         return gr.Error("Out of memory on this machine: try fewer new tokens, a shorter prompt, or again in a moment.",
                         print_exception=False)
-    return gr.Error(f"Generation failed ({type(e).__name__}). Try a shorter prompt or fewer tokens.", print_exception=False)
+    hint = " Try a shorter prompt or fewer tokens." if what == "Generation" else ""
+    return gr.Error(f"{what} failed ({type(e).__name__}).{hint}", print_exception=False)
 
 
 def free_memory() -> None:

@@ -14,7 +14,7 @@ import gradio as gr
 from metasd.bandits.policies import POLICIES, single_method
 from metasd.core.engine import encode_prompt, generate
 from metasd.core.numerics import first_divergence
-from metasd.core.streaming import EngineStream
+from metasd.core.streaming import EngineStream, on_event_loop
 from metasd.core.validation import InvalidInput, clean_prompt
 from metasd.models.loading import Bundle
 from metasd.models.presets import DEFAULT_PRESET, PRESETS
@@ -120,12 +120,29 @@ def _stream(events: Iterator[Any], stop: threading.Event, view: viz.LiveView, re
     except Exception as e:  # shown as a message, never a traceback; the log keeps the details
         raise failure(e) from None
     finally:
-        if stream is not None:
-            stream.close()  # the worker ends within a round and frees the drafters' and the target's caches
-        else:
-            events.close()
-        if held:
-            MODEL.release()
+        _finish(stream, events, held)
+
+
+CLOSE_TIMEOUT_S = 10.0  # a worker ends within a round; waiting for it never takes longer than this
+
+
+def _finish(stream: EngineStream | None, events: Iterator[Any], held: bool) -> None:
+    """End the worker (it frees the drafters' and the target's caches), then hand the model back. A cancelled
+    stream is closed on the server's event loop: there the wait goes to a thread of its own, so no client stalls."""
+    def end() -> None:
+        try:
+            if stream is not None:
+                stream.close(CLOSE_TIMEOUT_S)
+            else:
+                events.close()
+        finally:
+            if held:
+                MODEL.release()
+
+    if on_event_loop():
+        threading.Thread(target=end, name="metasd-close", daemon=True).start()
+    else:
+        end()
 
 
 def _engine_frames(stream: EngineStream, view: viz.LiveView, record: RunRecord,
