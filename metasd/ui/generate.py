@@ -20,7 +20,7 @@ from metasd.models.loading import Bundle
 from metasd.models.presets import DEFAULT_PRESET, PRESETS
 from metasd.models.spaces import gpu_duration
 from metasd.ui import viz
-from metasd.ui.bundles import MODEL, available_presets, bundle_for, default_preset, drafters_of, get_bundle, measure_target
+from metasd.ui.bundles import MODEL, available_presets, bundle_for, default_preset, drafters_of, measure_target
 from metasd.ui.config import (
     FRAME_FPS,
     HAS_CUDA,
@@ -231,7 +231,8 @@ def on_preset(name: str):
     """Another preset: its drafters (its defaults ticked), the policies over them, its draft length."""
     if name not in available_presets():
         raise gr.Error(f"unknown preset {name!r}")
-    names = drafters_of(name)
-    return (gr.update(choices=names, value=get_bundle(name).default_drafters),
+    bundle = bundle_for(name)  # a hub preset not loaded yet loads in the background; the one who asked is told
+    names = bundle.drafter_names
+    return (gr.update(choices=names, value=bundle.default_drafters),
             gr.update(choices=policy_choices(names), value=PAGE_POLICY),
             gr.update(value=PRESETS[name].gamma))
