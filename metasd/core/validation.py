@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 import unicodedata
 from collections import Counter
 from collections.abc import Callable, Sequence
@@ -229,6 +230,12 @@ def clean_label(value: Any, what: str, max_chars: int = LABEL_MAX_CHARS) -> str:
     text = unicodedata.normalize("NFC", str(value)).encode("utf-8", "replace").decode("utf-8")
     text = " ".join("".join(ch if unicodedata.category(ch)[0] not in "CZ" or ch == " " else " " for ch in text).split())
     return text[:max_chars]
+
+
+def markdown_literal(value: Any, max_chars: int = LABEL_MAX_CHARS) -> str:
+    """A visitor's text shown inside Markdown as literal text: one short line, every markup character (tags,
+    links, emphasis, table pipes) backslash-escaped."""
+    return re.sub(r"([\\`*_{}\[\]()#+\-.!|<>~&])", r"\\\1", clean_label(value, "text", max_chars))
 
 
 def parse_prompt_set(data: bytes | str, max_bytes: int = PROMPT_SET_MAX_BYTES,

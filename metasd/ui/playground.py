@@ -3,21 +3,13 @@ rounds in a moment, no model."""
 
 from __future__ import annotations
 
-import re
-
 import gradio as gr
 import pandas as pd
 
 from metasd.bandits.playground import SynthDrafter, compare, expected_speedup, expected_tokens
-from metasd.core.validation import InvalidInput, validate_playground
+from metasd.core.validation import InvalidInput, markdown_literal, validate_playground
 from metasd.ui import viz
 from metasd.ui.errors import failure
-
-
-def _md(text: str) -> str:
-    """A visitor's name as literal text in a Markdown table: every markup character (tags, links, pipes) escaped."""
-    return re.sub(r"([\\`*_{}\[\]()#+\-.!|<>~&])", r"\\\1", text)
-
 
 PLAYGROUND_DRAFTERS = pd.DataFrame(
     [["prompt lookup", 0.45, 0.0], ["token recycling", 0.55, 0.02], ["small LM", 0.75, 0.08], ["large LM", 0.9, 0.35]],
@@ -47,7 +39,7 @@ def run_playground(table: pd.DataFrame, policies: list[str], gamma: int, rounds:
     lines = ["| drafter | E[tokens / call] | speed-up E[tokens]/(\u03b3c+1) |", "|---|---|---|"]
     for i, d in enumerate(drafters):
         mark = " **(best)**" if i == best else ""
-        lines.append(f"| {_md(d.name)}{mark} | {expected_tokens(d.acceptance, int(gamma)):.2f} | "
+        lines.append(f"| {markdown_literal(d.name)}{mark} | {expected_tokens(d.acceptance, int(gamma)):.2f} | "
                      f"{expected_speedup(d.acceptance, int(gamma), d.cost):.2f}\u00d7 |")
     return (viz.playground_probability_figure(results, colors), viz.playground_regret_figure(results),
             viz.playground_table(results), "\n".join(lines))
