@@ -41,6 +41,7 @@ from metasd.ui.config import (  # noqa: E402
     TORCH_THREADS,
     gpu,
 )
+from metasd.ui.errors import name_input_errors  # noqa: E402
 from metasd.ui.files import TMP, TMP_MAX_AGE_S, write_logs  # noqa: E402
 from metasd.ui.generate import generate_view, measure_baseline, stop_generation  # noqa: E402
 from metasd.ui.playground import PLAYGROUND_DRAFTERS, run_playground  # noqa: E402
@@ -83,6 +84,7 @@ def build_demo() -> gr.Blocks:
         demo.unload(stop_generation)
         demo.unload(cancel_compare)
         demo.unload(stop_replay)
+    name_input_errors(demo)  # a value gradio cannot take gets a message naming its field, not a bare "Error"
     return demo
 
 

@@ -3,7 +3,7 @@ assets/runs/) streamed like a live one (/replay), stepped through round by round
 
 from __future__ import annotations
 
-import os
+import hashlib
 import threading
 import time
 from collections import OrderedDict
@@ -46,39 +46,25 @@ def _parsed(key: tuple[Any, ...], read: Any) -> Replay:
     if not _parse_lock.acquire(timeout=PARSE_WAIT_S):
         raise InvalidInput("the server is busy reading other run files; try again in a moment")
     try:
+        with _cache_lock:  # parsed meanwhile by a request that held the parse lock before this one
+            if key in _CACHE:
+                return _CACHE[key]
         run = parse_run(read())
+        with _cache_lock:
+            _CACHE[key] = run
+            while len(_CACHE) > _CACHE_SIZE:
+                _CACHE.popitem(last=False)
     finally:
         _parse_lock.release()
-    with _cache_lock:
-        _CACHE[key] = run
-        while len(_CACHE) > _CACHE_SIZE:
-            _CACHE.popitem(last=False)
     return run
 
 
-def _upload_key(run_file: Any) -> tuple[Any, ...] | None:
-    path = getattr(run_file, "path", None) or getattr(run_file, "name", None) or run_file
-    try:
-        st = os.stat(path)
-    except (OSError, TypeError, ValueError):
-        return None
-    return ("upload", str(path), st.st_size, st.st_mtime_ns)
-
-
 def _replay_source(run_file: Any, name: Any) -> tuple[Replay, str]:
-    """The run to replay: an uploaded run file, else a gallery entry by name (only names the gallery lists)."""
+    """The run to replay: an uploaded run file, else a gallery entry by name (only names the gallery lists).
+    An upload is known by its content (gradio may hand the same file over under another path)."""
     if run_file:
-        key = _upload_key(run_file)
-        box: dict[str, str] = {}
-
-        def read() -> bytes:
-            data, box["name"] = read_upload(run_file, RUN_MAX_BYTES, "run file", "upload a run file (JSON)")
-            return data
-
-        if key is None:
-            read()  # the message for a missing or unreadable upload
-            raise InvalidInput("upload a run file (JSON)")
-        return _parsed(key, read), box.get("name") or os.path.basename(key[1])
+        data, file_name = read_upload(run_file, RUN_MAX_BYTES, "run file", "upload a run file (JSON)")
+        return _parsed(("upload", hashlib.sha256(data).hexdigest()), lambda: data), file_name
     if not name:
         raise InvalidInput("choose a recorded run or upload a run file")
     if not isinstance(name, str) or name not in {n for _, n in gallery()}:
@@ -176,9 +162,18 @@ def replay_at(run_file: Any, name: str, k: Any):
 
 
 def replay_rounds(run_file: Any, name: str):
-    """The round slider's range for the chosen run."""
+    """The round slider's range for the chosen run. This event runs outside the queue, so it never parses a
+    visitor's file: it reads the parse its replay (in the queue) has just made, by the file's content; an upload
+    not replayed yet gets the default range."""
     try:
-        run, _ = _replay_source(run_file, name)  # parsed already by the replay before it (cached)
+        if run_file:
+            data, _ = read_upload(run_file, RUN_MAX_BYTES, "run file", "upload a run file (JSON)")
+            with _cache_lock:
+                run = _CACHE.get(("upload", hashlib.sha256(data).hexdigest()))
+            if run is None:
+                return gr.update(maximum=1, value=0)
+        else:
+            run, _ = _replay_source(None, name)  # a gallery run: the app's own small files
     except Exception:  # noqa: BLE001  (the replay itself said what was wrong)
         return gr.update(maximum=1, value=0)
     return gr.update(maximum=len(run.rounds), value=len(run.rounds))
