@@ -154,7 +154,7 @@ def refused(ok: bool, out: Any, needle: str = "") -> str:
     assert not ok, f"expected a refusal, got an answer: {str(out)[:300]}"
     msg = str(out or "")
     assert msg.strip() and msg.strip() != "Error" and "Traceback" not in msg, msg
-    assert needle.lower() in msg.lower(), msg
+    assert any(n.lower() in msg.lower() for n in needle.split("|")), msg  # "a|b": either wording
     return msg
 
 
@@ -335,7 +335,7 @@ def test_private_events_validate_and_never_stall_the_loop(server):
     # private events validate as public ones
     refused(*call(server, "replay_at", [None, "../../etc/passwd", 1])[:2], "not in the list of choices")
     refused(*call(server, "replay_at", [None, "ex-rag-2", 10**30])[:2], "round")
-    refused(*call(server, "on_preset", ["../../models/x"])[:2], "unknown preset")
+    refused(*call(server, "on_preset", ["../../models/x"])[:2], "unknown preset|not in the list")
     ok, out, _ = call(server, "_policy_info", ['[click](https://evil.example)<script>'])
     assert ok and "](https" not in out[0] and "<script>" not in out[0], out
     refused(*call(server, "run_playground", [{"headers": ["drafter", "acceptance", "cost"], "data": [["a", "x", 0]]},
@@ -347,11 +347,12 @@ def test_bad_arguments_of_every_public_endpoint_get_messages(server):
         ("generate", ["x" * 100_000, "offline", DRAFTERS, "metasd-ucb", "bd", 4, 16, 0.0, 1.0, 0, False, False, {}], "limit"),
         ("generate", ["hi", "offline", "prompt-lookup", "metasd-ucb", "bd", 4, 16, 0.0, 1.0, 0, False, False, {}], "not in the list"),
         ("generate", ["hi", "offline", DRAFTERS, "metasd-ucb", "bd", {"a": 1}, 16, 0.0, 1.0, 0, False, False, {}], "gamma"),
-        ("generate", ["hi", "offline", ["<b>nope</b>"], "metasd-ucb", "bd", 4, 16, 0.0, 1.0, 0, False, False, {}], "unknown"),
+        ("generate", ["hi", "offline", ["<b>nope</b>"], "metasd-ucb", "bd", 4, 16, 0.0, 1.0, 0, False, False, {}],
+         "unknown|not in the list"),
         ("generate", ["hi", "offline", DRAFTERS, "metasd-ucb", "bd", 4, 10**9, 0.0, 1.0, 0, False, False, {}], "max_new_tokens"),
         ("compare", ["hi", "offline", "metasd-ucb", "lots"], "max_new_tokens"),
         ("compare", ["word " * 6000, "offline", "metasd-ucb", 256], "at most"),
-        ("compare_set", ["elsewhere", None, 1, "offline", "metasd-ucb", 8], "unknown prompt source"),
+        ("compare_set", ["elsewhere", None, 1, "offline", "metasd-ucb", 8], "unknown prompt source|not in the list"),
         ("replay", [None, "ex-rag-2", "fast"], "speed"),
         ("replay", [None, "ex-rag-2", float("1e308")], "speed"),
         ("playground", [{"headers": ["drafter", "acceptance", "cost"], "data": [[f"d{i}", 0.5, 0.1] for i in range(8)]},
