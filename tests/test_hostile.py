@@ -345,7 +345,8 @@ def test_private_events_validate_and_never_stall_the_loop(server):
 def test_bad_arguments_of_every_public_endpoint_get_messages(server):
     cases = [
         ("generate", ["x" * 100_000, "offline", DRAFTERS, "metasd-ucb", "bd", 4, 16, 0.0, 1.0, 0, False, False, {}], "limit"),
-        ("generate", ["hi", "offline", "prompt-lookup", "metasd-ucb", "bd", 4, 16, 0.0, 1.0, 0, False, False, {}], "not in the list"),
+        ("generate", ["hi", "offline", "prompt-lookup", "metasd-ucb", "bd", 4, 16, 0.0, 1.0, 0, False, False, {}],
+         "not in the list"),
         ("generate", ["hi", "offline", DRAFTERS, "metasd-ucb", "bd", {"a": 1}, 16, 0.0, 1.0, 0, False, False, {}], "gamma"),
         ("generate", ["hi", "offline", ["<b>nope</b>"], "metasd-ucb", "bd", 4, 16, 0.0, 1.0, 0, False, False, {}],
          "unknown|not in the list"),
