@@ -29,6 +29,9 @@ MODEL = FairSlots(GEN_CONCURRENCY)
 # Loaded presets, least recently used first. At most MAX_BUNDLES stay loaded (the least recently used beyond
 # that is unloaded); the lock guards only these dicts, never a load, so no request waits for another's load.
 MAX_BUNDLES = int(os.environ.get("METASD_MAX_BUNDLES", "2" if HAS_CUDA else "1"))
+# On a CPU the only preset is the offline one, loaded at start-up: a request that finds it still loading waits
+# for it (as handlers called before start-up did). On a GPU a hub preset loads in the background instead.
+WAIT_IN_REQUESTS = not HAS_CUDA
 LOAD_WAIT_S = 1800.0  # the longest a caller that must have the model (start-up, the CLI, tests) waits for a load
 _bundles: OrderedDict[str, Bundle] = OrderedDict()
 _loading: dict[str, threading.Event] = {}
@@ -107,7 +110,7 @@ def _warm_up(bundle: Bundle) -> None:
 def bundle_for(name: Any) -> Bundle:
     """get_bundle for a handler: a name it refuses is the user's message (gr.Error)."""
     try:
-        return get_bundle(name, wait=False)
+        return get_bundle(name, wait=WAIT_IN_REQUESTS)
     except InvalidInput as e:
         raise refused(e) from None
 
