@@ -20,7 +20,7 @@ os.environ["GRADIO_ANALYTICS_ENABLED"] = "False"
 import gradio as gr  # noqa: E402
 import torch  # noqa: E402
 
-from metasd.core.validation import PROMPT_SET_MAX_BYTES  # noqa: E402
+from metasd.core.validation import PROMPT_SET_MAX_BYTES, RUN_MAX_BYTES, UPLOAD_MAX_BYTES  # noqa: E402
 from metasd.models.loading import cache_root  # noqa: E402
 from metasd.ui.bundles import MODEL, available_presets, default_preset, drafters_of, get_bundle  # noqa: E402
 from metasd.ui.compare import cancel_compare, compare_prompt, compare_set  # noqa: E402
@@ -41,6 +41,7 @@ from metasd.ui.config import (  # noqa: E402
     TORCH_THREADS,
     gpu,
 )
+from metasd.ui.errors import name_input_errors  # noqa: E402
 from metasd.ui.files import TMP, TMP_MAX_AGE_S, write_logs  # noqa: E402
 from metasd.ui.generate import generate_view, measure_baseline, stop_generation  # noqa: E402
 from metasd.ui.playground import PLAYGROUND_DRAFTERS, run_playground  # noqa: E402
@@ -57,10 +58,10 @@ _stops_lock = STOPS.lock
 __all__ = [
     "COMPARE_MAX_NEW_TOKENS", "COMPARE_MAX_PROMPTS", "EXAMPLES", "GEN_CONCURRENCY", "HAS_CUDA", "MAX_NEW_TOKENS", "MODEL",
     "PAGE_EXAMPLE", "PAGE_POLICY", "PLAYGROUND_DRAFTERS", "PLUGIN_DRAFTERS", "PREFILL_THREADS", "PROMPT_SET_MAX_BYTES",
-    "QUEUE_SIZE", "STOPS", "TMP", "TORCH_THREADS", "Cancelled", "RunRecord", "available_presets", "build_demo",
+    "QUEUE_SIZE", "RUN_MAX_BYTES", "STOPS", "TMP", "TORCH_THREADS", "Cancelled", "RunRecord", "available_presets", "build_demo",
     "cancel_compare", "compare_prompt", "compare_set", "default_preset", "gallery", "generate_view", "get_bundle", "gpu",
     "launch", "main", "measure_baseline", "open_link", "replay_at", "replay_rounds", "replay_view", "run_playground",
-    "server_address", "stop_generation", "stop_replay", "write_logs",
+    "server_address", "stop_generation", "stop_replay", "UPLOAD_MAX_BYTES", "write_logs",
 ]
 
 
@@ -83,6 +84,7 @@ def build_demo() -> gr.Blocks:
         demo.unload(stop_generation)
         demo.unload(cancel_compare)
         demo.unload(stop_replay)
+    name_input_errors(demo)  # a value gradio cannot take gets a message naming its field, not a bare "Error"
     return demo
 
 
@@ -116,12 +118,14 @@ def launch(demo: gr.Blocks | None = None, host: str | None = None, port: int | N
     h, p = server_address()
     demo.queue(max_size=QUEUE_SIZE, default_concurrency_limit=GEN_CONCURRENCY)
     kwargs.setdefault("share", False)  # no public share link unless the caller asks for one
+    # Uploads: gradio's cap is the largest file any tab takes (a run file, RUN_MAX_BYTES); each handler then
+    # checks its own cap (a prompt set: PROMPT_SET_MAX_BYTES) with a message of its own.
     # Files are served only from the app's temp dir (and gradio's own upload/cache dirs); the source
     # tree and the model cache are blocked outright, whatever else is configured.
     served = [TMP.resolve(), Path(gr.utils.get_upload_folder()).resolve()]
     blocked = [str(d.resolve()) for d in (ROOT, cache_root()) if not any(x.is_relative_to(d.resolve()) for x in served)]
     return demo.launch(server_name=host or h, server_port=port or p, theme=THEME, css=CSS, head=HEAD, footer_links=["api"],
-                       allowed_paths=[str(TMP)], blocked_paths=blocked, max_file_size=PROMPT_SET_MAX_BYTES, **kwargs)
+                       allowed_paths=[str(TMP)], blocked_paths=blocked, max_file_size=UPLOAD_MAX_BYTES, **kwargs)
 
 
 def main(argv: list[str] | None = None) -> None:

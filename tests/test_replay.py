@@ -126,3 +126,126 @@ def test_cli_generate_json_then_replay(tmp_path):
     bad = subprocess.run([sys.executable, "-m", "metasd", "replay", str(tmp_path / "bad.json")], cwd=ROOT, env=env,
                          capture_output=True, text=True, timeout=60)
     assert bad.returncode == 2 and bad.stderr.startswith("error: not a MetaSD run file")
+
+
+# ---- Hostile run files (issue #27): every field bounded before any work, one clear message naming it ----
+
+def _one_round(doc: dict, **changes) -> dict:
+    bad = json.loads(json.dumps(doc))
+    bad["rounds"] = [{**bad["rounds"][0], **changes}]
+    return bad
+
+
+@pytest.mark.parametrize("change, message", [
+    (dict(drafter="d" * 300), "drafter has 300 characters"),
+    (dict(draft=[1] * 8000, accepted=0, draft_text=[]), "draft has 8,000 tokens"),
+    (dict(emitted_text=["x" * 10_000]), "at most 256 characters"),
+    (dict(probabilities={f"d{i}": 0.0 for i in range(6000)}), "names 6,000 drafters"),
+    (dict(draft_ms=-1.0), "draft_ms must be between"),
+    (dict(round=10**40), "round must be between"),
+    (dict(p_draft=[2.0]), "p_draft must be between"),
+    (dict(emitted_text=[]), "one text per token"),
+])
+def test_hostile_rounds_are_refused_by_name(tiny_run, change, message):
+    with pytest.raises(InvalidInput, match=message):
+        parse_run(json.dumps(_one_round(tiny_run[2], **change)))
+
+
+def test_recorded_times_are_clamped_to_a_real_rounds(tiny_run):
+    from metasd.core.validation import RUN_ROUND_MAX_MS
+
+    r = parse_run(json.dumps(_one_round(tiny_run[2], draft_ms=1e300, verify_ms=10**400, overhead_ms=0)))
+    assert r.rounds[0].draft_ms == r.rounds[0].verify_ms == RUN_ROUND_MAX_MS
+
+
+@pytest.mark.parametrize("mutate, message", [
+    (lambda d: {**d, "config": {**d["config"], "priors_weight": "lots"}}, "config.priors_weight must be a number"),
+    (lambda d: '{"a": ' * 100_000 + "1" + "}" * 100_000, "nested too deeply|not JSON"),
+    (lambda d: '{"format": "metasd-run", "version": 1' + ', "n": ' + "9" * 5000 + "}", "out of range"),
+    (lambda d: {**d, "drafters": [f"d{i}" for i in range(40)]}, "at most 32 names"),
+    (lambda d: {**d, "lanes": {"nobody": [0.5]}}, "not a drafter of this run"),
+    (lambda d: {**d, "lanes": {d["rounds"][0]["drafter"]: [0.5]}}, "one value per emitted token"),
+    (lambda d: {**d, "stats": {**d["stats"], "wall_s": "1e999"}}, "stats.wall_s must be a number"),
+    (lambda d: {**d, "preset": "p" * 1000}, "preset and target"),
+])
+def test_hostile_documents_are_refused_by_name(tiny_run, mutate, message):
+    bad = mutate(json.loads(json.dumps(tiny_run[2])))
+    with pytest.raises(InvalidInput, match=message):
+        parse_run(bad if isinstance(bad, str) else json.dumps(bad))
+
+
+def test_lanes_of_the_right_shape_are_accepted(tiny_run):
+    doc = json.loads(json.dumps(tiny_run[2]))
+    n = sum(len(r["emitted"]) for r in doc["rounds"])
+    doc["lanes"] = {d: [0.25] * n for d in doc["drafters"]}
+    assert parse_run(json.dumps(doc)).rounds
+
+
+def test_a_file_that_would_render_far_larger_than_itself_is_refused(tiny_run):
+    """The issue's 17 KB file rendered to 6.4 MB of token view; now such rounds are refused before rendering."""
+    doc = json.loads(json.dumps(tiny_run[2]))
+    r0 = {**doc["rounds"][0], "drafter": "d" * 64, "draft": [1] * 64, "accepted": 0, "draft_text": [],
+          "p_draft": [], "q_draft": [], "accept_prob": [], "emitted": [1], "emitted_text": [""]}
+    doc["rounds"] = [dict(r0, round=i + 1) for i in range(2000)]
+    with pytest.raises(InvalidInput, match="would render to more than"):
+        parse_run(json.dumps(doc, separators=(",", ":")))
+
+
+def _render(run) -> str:
+    view = viz.LiveView(run.colors or viz.drafter_colors(run.drafters), run.drafters)
+    for ev in run.rounds:
+        view.add(ev, 0.0)
+    return view.tokens_html("done")
+
+
+def test_gallery_runs_render_within_the_bound():
+    from metasd.core.runfile import rendered_bytes
+
+    for path in sorted((ROOT / "assets" / "runs").glob("*.json")):
+        data = path.read_bytes()
+        run = parse_run(data)
+        html = _render(run)
+        assert len(html) <= len(data), path.name  # real runs render smaller than their file
+        assert rendered_bytes(run.rounds) >= len(html) - 4096  # the estimate bounds the spans
+
+
+def test_the_legend_is_linear_in_drafters():
+    import time as _time
+
+    colors = {f"drafter-{i}": "#000000" for i in range(30_000)}
+    t = _time.perf_counter()
+    out = viz.legend_html(colors, used=list(colors))
+    assert _time.perf_counter() - t < 2.0 and out.count('class="chip"') == 30_002
+
+
+# Property-based: whatever a visitor puts in a round, the file is refused with a message, or accepted and
+# rendered within RENDER_FACTOR x its size (+ RENDER_FLOOR).
+from hypothesis import HealthCheck, given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+_text = st.text(max_size=300)
+_ids = st.lists(st.integers(-5, 2**32), max_size=80)
+_round_st = st.fixed_dictionaries({
+    "drafter": st.one_of(_text, st.integers()), "draft": _ids, "accepted": st.integers(-2, 90), "emitted": _ids,
+    "emitted_text": st.lists(_text, max_size=80), "draft_text": st.lists(_text, max_size=80),
+    "draft_ms": st.one_of(st.floats(allow_nan=True), st.integers(-10, 10**30), _text),
+    "p_draft": st.lists(st.floats(-1, 2), max_size=5),
+})
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=list(HealthCheck))
+@given(changes=st.lists(_round_st, min_size=1, max_size=6), config=st.dictionaries(_text, st.one_of(_text, st.floats()),
+                                                                                    max_size=4))
+def test_any_run_file_is_refused_or_renders_within_its_bound(tiny_run, changes, config):
+    from metasd.core.validation import RENDER_FACTOR, RENDER_FLOOR
+
+    doc = json.loads(json.dumps(tiny_run[2]))
+    doc["rounds"] = [{**doc["rounds"][i % len(doc["rounds"])], **c} for i, c in enumerate(changes)]
+    doc["config"] = {**doc["config"], **config}
+    data = json.dumps(doc)
+    try:
+        run = parse_run(data)
+    except InvalidInput as e:
+        assert str(e) and "Traceback" not in str(e)
+        return
+    assert len(_render(run)) <= RENDER_FACTOR * len(data.encode()) + RENDER_FLOOR

@@ -137,7 +137,8 @@ def test_launch_binds_locally_without_a_share_link_and_bounds_the_queue(monkeypa
     assert kw["server_name"] == "127.0.0.1" and kw["share"] is False
     assert kw["allowed_paths"] == [str(app.TMP)]
     assert str(ROOT) in kw["blocked_paths"]
-    assert kw["max_file_size"] == app.PROMPT_SET_MAX_BYTES
+    # gradio's upload cap is the run-file cap (the largest upload any tab takes), never below it
+    assert kw["max_file_size"] == app.UPLOAD_MAX_BYTES == max(app.RUN_MAX_BYTES, app.PROMPT_SET_MAX_BYTES)
     assert demo._queue.max_size == app.QUEUE_SIZE
     with mock.patch.object(gr.Blocks, "launch") as launch:
         app.launch(demo, share=True)  # only when asked
@@ -177,3 +178,49 @@ def test_input_limits_protect_the_host():
     assert app.MAX_NEW_TOKENS <= LIMITS["max_new_tokens"][1] and app.COMPARE_MAX_NEW_TOKENS <= app.MAX_NEW_TOKENS
     assert MAX_PROMPT_CHARS <= 32_000 and app.QUEUE_SIZE <= 64 and app.COMPARE_MAX_PROMPTS <= 40
     assert LIMITS["rounds"][1] * LIMITS["gamma"][1] * 8 <= 3_000_000  # the playground's arrays stay small
+    from metasd.core.runfile import MAX_BYTES
+    from metasd.core.validation import COMPARE_MAX_WORK, PLAYGROUND_MAX_WORK, RUN_MAX_BYTES, UPLOAD_MAX_BYTES
+
+    assert MAX_BYTES == RUN_MAX_BYTES <= UPLOAD_MAX_BYTES <= 8_000_000  # one cap, stated once
+    assert 1_500_000 <= RUN_MAX_BYTES  # a 1024-token full-information run (README) is accepted
+    assert COMPARE_MAX_WORK <= 5_000_000 and PLAYGROUND_MAX_WORK <= 500_000
+
+
+def test_presets_load_in_the_background_and_loaded_ones_are_bounded(monkeypatch):
+    """A hub preset loads in a thread of its own: whoever asked is told at once, nobody waits on a lock meanwhile
+    (the loaded preset keeps serving), and at most MAX_BUNDLES stay loaded (least recently used unloaded)."""
+    import threading
+    import time
+    from types import SimpleNamespace
+
+    from metasd.ui import bundles
+
+    gate = threading.Event()
+
+    def slow_load(name):
+        gate.wait(10)
+        return SimpleNamespace(name=name, drafter_names=[f"{name}-d"], default_drafters=[f"{name}-d"])
+
+    monkeypatch.setattr(bundles, "available_presets", lambda: ["hub-a", "hub-b", "hub-c"])
+    monkeypatch.setattr(bundles, "load_bundle", slow_load)
+    monkeypatch.setattr(bundles, "_warm_up", lambda b: None)
+    monkeypatch.setattr(bundles, "MAX_BUNDLES", 2)
+    monkeypatch.setattr(bundles, "WAIT_IN_REQUESTS", False)  # as on a GPU host
+    monkeypatch.setattr(bundles, "_bundles", bundles.OrderedDict())
+    gate.set()
+    assert bundles.get_bundle("hub-a").name == "hub-a"  # start-up: waits for its load
+    gate.clear()
+    t = time.perf_counter()
+    with pytest.raises(bundles.Loading, match="loading in the background"):
+        bundles.get_bundle("hub-b", wait=False)
+    assert bundles.get_bundle("hub-a", wait=False).name == "hub-a"  # served while hub-b loads
+    assert time.perf_counter() - t < 1.0
+    import gradio as gr
+
+    with pytest.raises(gr.Error, match="loading in the background"):
+        bundles.bundle_for("hub-b")  # the page's message, not a wait
+    gate.set()
+    assert bundles.get_bundle("hub-b").name == "hub-b"
+    bundles.get_bundle("hub-a")  # hub-a most recently used: hub-b is the one to go
+    assert bundles.get_bundle("hub-c").name == "hub-c"
+    assert list(bundles._bundles) == ["hub-a", "hub-c"]

@@ -117,3 +117,30 @@ def test_cli_bad_input_is_one_clear_line(args, needle):
     r = _cli(*args)
     assert r.returncode == 2, r.stderr
     assert needle in r.stderr and "Traceback" not in r.stderr
+
+
+# ---- Bounds of one visitor's work (issue #27) ----
+
+def test_compare_work_is_bounded_before_it_starts():
+    from metasd.core.validation import COMPARE_MAX_WORK, check_compare_work
+
+    assert check_compare_work(["x" * 2401], 256) <= COMPARE_MAX_WORK  # the 14 built-in examples at 256 tokens
+    with pytest.raises(InvalidInput, match="at most 3,000,000.*at most 11,718 characters at 256 tokens"):
+        check_compare_work(["word " * 3600] * 21, 256)  # the issue's set (capped at 21 prompts)
+
+
+def test_playground_work_is_bounded_with_what_fits():
+    from metasd.core.validation import validate_playground
+
+    rows = [{"drafter": f"d{i}", "acceptance": 0.5, "cost": 0.1} for i in range(8)]
+    with pytest.raises(InvalidInput, match="at most 320,000: use at most 8,000 rounds"):
+        validate_playground(rows, ["exp3", "hedge", "thompson", "uniform", "metasd-ucb"], 4, 20000, "bd", False, 8, 0)
+    assert validate_playground(rows[:4], ["exp3", "hedge", "thompson", "uniform"], 4, 20000, "bd", False, 8, 0).rounds == 20000
+
+
+def test_markdown_literal_shows_markup_as_text():
+    from metasd.core.validation import markdown_literal
+
+    out = markdown_literal('[click](https://evil.example) <script>|**x**\n')
+    assert "](" not in out.replace("\\](", "").replace("\\(", "") and "<script>" not in out and "\\|" in out
+    assert len(markdown_literal("x" * 1000)) <= 64

@@ -7,11 +7,15 @@ JSON download and the gallery in assets/runs/ all write this one format; `replay
 Replay tab read it back.
 
 Loading is plain JSON parsing and type checks (never pickle, never code): a size cap, the format
-tag, and every round checked field by field, so a bad file gets one clear message.
+tag, and every round checked field by field against the bounds in metasd.core.validation (names, draft
+lengths, drafters, rounds, text per token, recorded times clamped to what a real round takes), so a bad
+file gets one clear message naming the field, and the token view of an accepted file stays within
+RENDER_FACTOR x its size (checked before anything is rendered).
 """
 
 from __future__ import annotations
 
+import html
 import json
 import math
 import re
@@ -20,12 +24,29 @@ from dataclasses import dataclass, field, fields
 from typing import Any
 
 from metasd.core.events import DrafterStats, RoundEvent, Summary
-from metasd.core.validation import InvalidInput
+from metasd.core.validation import (
+    LABEL_MAX_CHARS,
+    RENDER_FACTOR,
+    RENDER_FLOOR,
+    RUN_MAX_BYTES,
+    RUN_MAX_DRAFT,
+    RUN_MAX_DRAFTERS,
+    RUN_MAX_FIELD_KEYS,
+    RUN_MAX_ROUNDS,
+    RUN_MAX_TEXT_CHARS,
+    RUN_MAX_TOKEN_CHARS,
+    RUN_MAX_TOKEN_ID,
+    RUN_ROUND_MAX_MS,
+    InvalidInput,
+)
 
 FORMAT = "metasd-run"
 VERSION = 1
-MAX_BYTES = 16_000_000  # a 1024-token run with full information is ~1.5 MB
-MAX_ROUNDS = 5_000
+MAX_BYTES = RUN_MAX_BYTES  # the bounds live in metasd.core.validation, stated once
+MAX_ROUNDS = RUN_MAX_ROUNDS
+# What the token view spends per token besides its text and its drafter's name (tags, classes, the hover
+# text with p, q and the acceptance probability): measured at most ~330 bytes; see rendered_bytes.
+SPAN_BYTES = 400
 
 
 def versions() -> dict[str, str]:
@@ -80,22 +101,74 @@ class Replay:
 _ROUND_TYPES: dict[str, Any] = {f.name: f.type for f in fields(RoundEvent)}
 
 
-def _num(x: Any, what: str) -> float:
+def _num(x: Any, what: str, lo: float = -1e12, hi: float = 1e12) -> float:
     if isinstance(x, bool) or not isinstance(x, int | float) or (isinstance(x, float) and not math.isfinite(x)):
         raise InvalidInput(f"{what} must be a number")
+    if not lo <= x <= hi:
+        raise InvalidInput(f"{what} must be between {lo:g} and {hi:g}")
     return float(x)
 
 
-def _ints(x: Any, what: str) -> tuple[int, ...]:
+def _int(x: Any, what: str, lo: int = 0, hi: int = 10**9) -> int:
+    if isinstance(x, bool) or not isinstance(x, int):
+        raise InvalidInput(f"{what} must be an integer")
+    if not lo <= x <= hi:
+        raise InvalidInput(f"{what} must be between {lo:,} and {hi:,}")
+    return x
+
+
+def _ms(x: Any, what: str) -> float:
+    """A recorded time in ms: a non-negative number, clamped to what a real round can take."""
+    if isinstance(x, int) and not isinstance(x, bool) and x > RUN_ROUND_MAX_MS:
+        return RUN_ROUND_MAX_MS  # an integer beyond any float converts to nothing: clamp it first
+    return min(_num(x, what, 0.0, math.inf), RUN_ROUND_MAX_MS)
+
+
+def _ints(x: Any, what: str, max_len: int = RUN_MAX_DRAFT + 1) -> tuple[int, ...]:
     if not isinstance(x, list) or not all(isinstance(v, int) and not isinstance(v, bool) for v in x):
         raise InvalidInput(f"{what} must be a list of token ids")
+    if len(x) > max_len:
+        raise InvalidInput(f"{what} has {len(x):,} tokens; the limit is {max_len:,}")
+    if x and not 0 <= min(x) <= max(x) <= RUN_MAX_TOKEN_ID:
+        raise InvalidInput(f"{what}: token ids must be between 0 and {RUN_MAX_TOKEN_ID:,}")
     return tuple(x)
 
 
-def _strs(x: Any, what: str) -> tuple[str, ...]:
+def _strs(x: Any, what: str, lengths: tuple[int, ...]) -> tuple[str, ...]:
+    """A list of token texts, one per token (`lengths`: the counts allowed), each at most RUN_MAX_TOKEN_CHARS."""
     if not isinstance(x, list) or not all(isinstance(v, str) for v in x):
         raise InvalidInput(f"{what} must be a list of strings")
+    if len(x) not in lengths:
+        raise InvalidInput(f"{what} must have one text per token ({' or '.join(map(str, sorted(set(lengths))))})")
+    if any(len(v) > RUN_MAX_TOKEN_CHARS for v in x):
+        raise InvalidInput(f"{what}: a token's text is at most {RUN_MAX_TOKEN_CHARS} characters")
     return tuple(x)
+
+
+def _name(x: Any, what: str) -> str:
+    if not isinstance(x, str) or not x:
+        raise InvalidInput(f"{what} must be a drafter name (text)")
+    if len(x) > LABEL_MAX_CHARS:
+        raise InvalidInput(f"{what} has {len(x):,} characters; a drafter name is at most {LABEL_MAX_CHARS}")
+    return x
+
+
+def _floats(x: Any, what: str, n: int) -> tuple[float, ...]:
+    """Per drafted position: probabilities in [0, 1], at most one per drafted token (absent: none)."""
+    if not isinstance(x, list):
+        return ()
+    if len(x) > n:
+        raise InvalidInput(f"{what} has {len(x)} values for {n} drafted tokens")
+    return tuple(_num(v, what, 0.0, 1.0) for v in x)
+
+
+def _arm_map(x: Any, what: str, optional: bool) -> dict[str, float | None]:
+    if not isinstance(x, dict):
+        raise InvalidInput(f"{what} must be an object")
+    if len(x) > RUN_MAX_DRAFTERS:
+        raise InvalidInput(f"{what} names {len(x):,} drafters; the limit is {RUN_MAX_DRAFTERS}")
+    return {_name(k, f"{what}: a key"): None if optional and v is None else _num(v, what, -1e6, 1e6)
+            for k, v in x.items()}
 
 
 def _round(i: int, r: Any) -> RoundEvent:
@@ -105,32 +178,59 @@ def _round(i: int, r: Any) -> RoundEvent:
     missing = [k for k in _ROUND_TYPES if k not in r]
     if missing:
         raise InvalidInput(f"{at} lacks {', '.join(missing)}")
-    if not isinstance(r["drafter"], str) or not isinstance(r["bonus"], bool) or not isinstance(r["regret_measured"], bool):
-        raise InvalidInput(f"{at}: drafter, bonus or regret_measured has the wrong type")
-    probs, rewards = r["probabilities"], r["rewards"]
-    if not isinstance(probs, dict) or not isinstance(rewards, dict):
-        raise InvalidInput(f"{at}: probabilities and rewards must be objects")
-    for k in ("round", "accepted", "target_token", "new_tokens"):
-        if not isinstance(r[k], int) or isinstance(r[k], bool):
-            raise InvalidInput(f"{at}: {k} must be an integer")
-    draft, emitted = _ints(r["draft"], f"{at}: draft"), _ints(r["emitted"], f"{at}: emitted")
-    if not 0 <= r["accepted"] <= len(draft) or not emitted:
-        raise InvalidInput(f"{at}: accepted must be within the draft, and a round emits at least one token")
+    if not isinstance(r["bonus"], bool) or not isinstance(r["regret_measured"], bool):
+        raise InvalidInput(f"{at}: bonus and regret_measured must be true or false")
+    draft = _ints(r["draft"], f"{at}: draft", RUN_MAX_DRAFT)
+    emitted = _ints(r["emitted"], f"{at}: emitted", len(draft) + 1)
+    accepted = _int(r["accepted"], f"{at}: accepted", 0, 10**9)
+    if accepted > len(draft):
+        raise InvalidInput(f"{at}: accepted must be within the draft (0 to {len(draft)})")
+    if not emitted:
+        raise InvalidInput(f"{at}: a round emits at least one token")
     return RoundEvent(
-        round=r["round"], drafter=r["drafter"], draft=draft, accepted=r["accepted"], emitted=emitted,
-        target_token=r["target_token"], bonus=r["bonus"],
-        p_draft=tuple(_num(v, f"{at}: p_draft") for v in r["p_draft"]) if isinstance(r["p_draft"], list) else (),
-        q_draft=tuple(_num(v, f"{at}: q_draft") for v in r["q_draft"]) if isinstance(r["q_draft"], list) else (),
-        accept_prob=tuple(_num(v, f"{at}: accept_prob") for v in r["accept_prob"])
-        if isinstance(r["accept_prob"], list) else (),
-        reward=_num(r["reward"], f"{at}: reward"),
-        rewards={str(k): None if v is None else _num(v, f"{at}: rewards") for k, v in rewards.items()},
-        probabilities={str(k): _num(v, f"{at}: probabilities") for k, v in probs.items()},
+        round=_int(r["round"], f"{at}: round", 0, 10**7), drafter=_name(r["drafter"], f"{at}: drafter"),
+        draft=draft, accepted=accepted, emitted=emitted,
+        target_token=_int(r["target_token"], f"{at}: target_token", 0, RUN_MAX_TOKEN_ID), bonus=r["bonus"],
+        p_draft=_floats(r["p_draft"], f"{at}: p_draft", len(draft)),
+        q_draft=_floats(r["q_draft"], f"{at}: q_draft", len(draft)),
+        accept_prob=_floats(r["accept_prob"], f"{at}: accept_prob", len(draft)),
+        reward=_num(r["reward"], f"{at}: reward", -1e6, 1e6),
+        rewards=_arm_map(r["rewards"], f"{at}: rewards", True),
+        probabilities={k: float(v) for k, v in _arm_map(r["probabilities"], f"{at}: probabilities", False).items()},
         regret=_num(r["regret"], f"{at}: regret"), regret_measured=r["regret_measured"],
-        draft_ms=_num(r["draft_ms"], f"{at}: draft_ms"), verify_ms=_num(r["verify_ms"], f"{at}: verify_ms"),
-        overhead_ms=_num(r["overhead_ms"], f"{at}: overhead_ms"), new_tokens=r["new_tokens"],
-        emitted_text=_strs(r["emitted_text"], f"{at}: emitted_text"), draft_text=_strs(r["draft_text"], f"{at}: draft_text"),
+        draft_ms=_ms(r["draft_ms"], f"{at}: draft_ms"), verify_ms=_ms(r["verify_ms"], f"{at}: verify_ms"),
+        overhead_ms=_ms(r["overhead_ms"], f"{at}: overhead_ms"),
+        new_tokens=_int(r["new_tokens"], f"{at}: new_tokens", 0, 10**8),
+        emitted_text=_strs(r["emitted_text"], f"{at}: emitted_text", (len(emitted),)),
+        draft_text=_strs(r["draft_text"], f"{at}: draft_text", (0, len(draft))),
     )
+
+
+def _small_object(x: Any, what: str) -> dict[str, Any]:
+    """settings / config: an object of at most RUN_MAX_FIELD_KEYS short entries (kept, shown nowhere as markup)."""
+    if x is None:
+        return {}
+    if not isinstance(x, dict):
+        raise InvalidInput(f"{what} must be an object")
+    if len(x) > RUN_MAX_FIELD_KEYS or any(len(k) > LABEL_MAX_CHARS for k in x):
+        raise InvalidInput(f"{what} has too many or too long entries (at most {RUN_MAX_FIELD_KEYS})")
+    if "priors_weight" in x:  # the final status line prints it as a number
+        _num(x["priors_weight"], f"{what}.priors_weight", 0.0, 1e9)
+    return dict(x)
+
+
+def _drafter_stats(per: Any) -> tuple[DrafterStats, ...]:
+    if not isinstance(per, dict) or len(per) > RUN_MAX_DRAFTERS:
+        raise InvalidInput(f"stats.drafters must be an object of at most {RUN_MAX_DRAFTERS} drafters")
+    out = []
+    for n, d in per.items():
+        at = f"stats.drafters[{_name(n, 'stats.drafters: a key')!r}]"
+        if not isinstance(d, dict):
+            raise InvalidInput(f"{at} must be an object")
+        out.append(DrafterStats(n, _int(d.get("pulls"), f"{at}.pulls"), _int(d.get("drafted"), f"{at}.drafted"),
+                                _int(d.get("accepted"), f"{at}.accepted"), _num(d.get("mean_reward"), f"{at}.mean_reward"),
+                                _num(d.get("draft_s"), f"{at}.draft_s", 0.0), _num(d.get("verify_s"), f"{at}.verify_s", 0.0)))
+    return tuple(out)
 
 
 def _summary(doc: dict[str, Any]) -> Summary | None:
@@ -139,28 +239,29 @@ def _summary(doc: dict[str, Any]) -> Summary | None:
         return None  # a stopped or partial run saved before its summary
     if not isinstance(st, dict):
         raise InvalidInput("stats must be an object")
-    try:
-        per = st.get("drafters") or {}
-        stats = tuple(DrafterStats(str(n), int(d["pulls"]), int(d["drafted"]), int(d["accepted"]), float(d["mean_reward"]),
-                                   float(d["draft_s"]), float(d["verify_s"])) for n, d in per.items())
-        return Summary(
-            prompt=str(doc["prompt"]), text=str(doc["text"]), token_ids=_ints(doc["token_ids"], "token_ids"),
-            new_tokens=int(st["new_tokens"]), target_calls=int(st["target_calls"]),
-            mean_accepted=float(st["mean_accepted"]), wall_s=float(st["wall_s"]), tokens_per_s=float(st["tokens_per_s"]),
-            draft_s=float(st.get("draft_s", 0.0)), verify_s=float(st.get("verify_s", 0.0)),
-            overhead_s=float(st.get("overhead_s", 0.0)), prefill_s=float(st.get("prefill_s", 0.0)),
-            stop_reason=str(st.get("stop_reason", "")), regret=float(st.get("regret", 0.0)),
-            regret_measured=bool(st.get("regret_measured", False)), drafters=stats,
-            config=dict(doc.get("config") or {}),
-        )
-    except (KeyError, TypeError, ValueError, AttributeError) as e:
-        raise InvalidInput(f"stats of the run file are incomplete or mistyped ({type(e).__name__}: {e})") from None
+    missing = [k for k in ("new_tokens", "target_calls", "mean_accepted", "wall_s", "tokens_per_s") if k not in st]
+    if missing:
+        raise InvalidInput(f"stats of the run file are incomplete: {', '.join(missing)} missing")
+
+    def f(k: str, lo: float = 0.0) -> float:
+        return _num(st.get(k, 0.0), f"stats.{k}", lo)
+
+    reason = st.get("stop_reason", "")
+    if not isinstance(reason, str) or len(reason) > LABEL_MAX_CHARS:
+        raise InvalidInput(f"stats.stop_reason must be text of at most {LABEL_MAX_CHARS} characters")
+    return Summary(
+        prompt=doc["prompt"], text=doc["text"], token_ids=_ints(doc.get("token_ids"), "token_ids", 10**7),
+        new_tokens=_int(st["new_tokens"], "stats.new_tokens"), target_calls=_int(st["target_calls"], "stats.target_calls"),
+        mean_accepted=f("mean_accepted"), wall_s=f("wall_s"), tokens_per_s=f("tokens_per_s"), draft_s=f("draft_s"),
+        verify_s=f("verify_s"), overhead_s=f("overhead_s"), prefill_s=f("prefill_s"), stop_reason=reason,
+        regret=f("regret", -1e12), regret_measured=st.get("regret_measured", False) is True,
+        drafters=_drafter_stats(st.get("drafters") or {}), config=_small_object(doc.get("config"), "config"),
+    )
 
 
-def parse_run(data: bytes | str) -> Replay:
-    """A run file's content, checked. Raises InvalidInput with one clear message for anything else."""
+def _load_json(data: bytes | str) -> dict[str, Any]:
     if isinstance(data, str):
-        data = data.encode("utf-8")
+        data = data.encode("utf-8", "replace")
     if len(data) > MAX_BYTES:
         raise InvalidInput(f"the run file has {len(data):,} bytes; the limit is {MAX_BYTES:,}")
     try:
@@ -169,30 +270,96 @@ def parse_run(data: bytes | str) -> Replay:
         raise InvalidInput("the run file is not UTF-8 text") from None
     except json.JSONDecodeError as e:
         raise InvalidInput(f"the run file is not JSON (line {e.lineno}: {e.msg})") from None
+    except RecursionError:
+        raise InvalidInput("the run file is not a run: it is nested too deeply") from None
+    except ValueError as e:  # e.g. an integer with more digits than Python converts
+        raise InvalidInput(f"the run file has a value out of range ({str(e)[:80]})") from None
     if not isinstance(doc, dict):
         raise InvalidInput("the run file must be a JSON object")
+    return doc
+
+
+def _names_and_colors(doc: dict[str, Any], events: list[RoundEvent]) -> tuple[list[str], dict[str, str]]:
+    """The drafters in play (at most RUN_MAX_DRAFTERS distinct names in the whole file) and their colours."""
+    drafters = doc.get("drafters") or []
+    if not isinstance(drafters, list) or len(drafters) > RUN_MAX_DRAFTERS:
+        raise InvalidInput(f"drafters must be a list of at most {RUN_MAX_DRAFTERS} names")
+    drafters = [_name(d, "drafters: an entry") for d in drafters]
+    known = set(drafters)
+    for ev in events:
+        known.add(ev.drafter)
+        known.update(ev.probabilities)
+        known.update(ev.rewards)
+        if len(known) > RUN_MAX_DRAFTERS:
+            raise InvalidInput(f"the run file names more than {RUN_MAX_DRAFTERS} drafters")
+    colors = doc.get("colors") or {}
+    # Colours go into style attributes: only #rrggbb, nothing else gets through.
+    if not isinstance(colors, dict) or len(colors) > RUN_MAX_DRAFTERS or not all(
+            isinstance(v, str) and re.fullmatch(r"#[0-9A-Fa-f]{6}", v) for v in colors.values()):
+        raise InvalidInput("colors must map drafter names to #rrggbb colours")
+    colors = {_name(k, "colors: a key"): v for k, v in colors.items()}
+    return drafters or list(events[0].probabilities), colors
+
+
+def check_lanes(lanes: Any, known: set[str], emitted: int) -> dict[str, list[float]]:
+    """A run file's optional `lanes`: drafter -> one number in [0, 1] per emitted token, known drafters only."""
+    if lanes is None:
+        return {}
+    if not isinstance(lanes, dict) or len(lanes) > RUN_MAX_DRAFTERS:
+        raise InvalidInput(f"lanes must be an object of at most {RUN_MAX_DRAFTERS} drafters")
+    out = {}
+    for name, xs in lanes.items():
+        if name not in known:
+            raise InvalidInput(f"lanes names {str(name)[:LABEL_MAX_CHARS]!r}, which is not a drafter of this run")
+        if not isinstance(xs, list) or len(xs) != emitted:
+            raise InvalidInput(f"lanes[{name!r}] must have one value per emitted token ({emitted})")
+        out[name] = [_num(x, f"lanes[{name!r}]", 0.0, 1.0) for x in xs]
+    return out
+
+
+def rendered_bytes(events: Sequence[RoundEvent]) -> int:
+    """An upper bound on the token view's HTML for these rounds (metasd.ui.viz.round_spans), computed without
+    rendering: per token SPAN_BYTES, its escaped text, and its drafter's escaped name three times."""
+    esc: dict[str, int] = {}
+    total = 0
+    for ev in events:
+        name = esc.setdefault(ev.drafter, len(html.escape(ev.drafter, quote=True)))
+        pieces = (*ev.emitted_text, *ev.draft_text[ev.accepted:])
+        n = len(ev.emitted) + max(0, len(ev.draft) - ev.accepted)
+        total += n * (SPAN_BYTES + 3 * name) + sum(len(html.escape(t, quote=True)) + 2 for t in pieces)
+        total += 10 * max(0, len(ev.draft) - ev.accepted - len(ev.draft_text[ev.accepted:]))  # "<id>" stand-ins
+    return total
+
+
+def parse_run(data: bytes | str) -> Replay:
+    """A run file's content, checked. Raises InvalidInput with one clear message for anything else."""
+    size = len(data.encode("utf-8", "replace") if isinstance(data, str) else data)
+    doc = _load_json(data)
     if doc.get("format") != FORMAT:
-        raise InvalidInput(f"not a MetaSD run file (format {doc.get('format')!r}; expected {FORMAT!r}): save one with "
+        shown = doc.get("format") if isinstance(doc.get("format"), str | int | None) else "?"
+        raise InvalidInput(f"not a MetaSD run file (format {str(shown)[:40]!r}; expected {FORMAT!r}): save one with "
                            "`python -m metasd generate --json` or the page's JSON download")
     if not isinstance(doc.get("version"), int) or doc["version"] > VERSION:
-        raise InvalidInput(f"run file version {doc.get('version')!r} is newer than this app reads ({VERSION})")
+        raise InvalidInput(f"run file version {str(doc.get('version'))[:20]!r} is newer than this app reads ({VERSION})")
     rounds = doc.get("rounds")
     if not isinstance(rounds, list) or not rounds:
         raise InvalidInput("the run file has no rounds")
     if len(rounds) > MAX_ROUNDS:
         raise InvalidInput(f"the run file has {len(rounds):,} rounds; the limit is {MAX_ROUNDS:,}")
-    if not isinstance(doc.get("prompt"), str) or not isinstance(doc.get("text"), str):
-        raise InvalidInput("the run file needs its prompt and text")
+    for k in ("prompt", "text"):
+        if not isinstance(doc.get(k), str) or len(doc[k]) > RUN_MAX_TEXT_CHARS:
+            raise InvalidInput(f"the run file needs its {k} (text of at most {RUN_MAX_TEXT_CHARS:,} characters)")
     events = [_round(i, r) for i, r in enumerate(rounds)]
-    drafters = doc.get("drafters") or []
-    colors = doc.get("colors") or {}
-    if not isinstance(drafters, list) or not all(isinstance(d, str) for d in drafters):
-        raise InvalidInput("drafters must be a list of names")
-    # Colours go into style attributes: only #rrggbb, nothing else gets through.
-    if not isinstance(colors, dict) or not all(isinstance(v, str) and re.fullmatch(r"#[0-9A-Fa-f]{6}", v)
-                                               for v in colors.values()):
-        raise InvalidInput("colors must map drafter names to #rrggbb colours")
-    settings = doc.get("settings") if isinstance(doc.get("settings"), dict) else {}
-    return Replay(prompt=doc["prompt"], rounds=events, summary=_summary(doc), preset=str(doc.get("preset") or ""),
-                  target=str(doc.get("target") or ""), drafters=list(drafters) or list(events[0].probabilities),
-                  colors={str(k): v for k, v in colors.items()}, settings=settings)
+    drafters, colors = _names_and_colors(doc, events)
+    check_lanes(doc.get("lanes"), {*drafters, *(ev.drafter for ev in events)}, sum(len(ev.emitted) for ev in events))
+    limit = RENDER_FACTOR * size + RENDER_FLOOR
+    if rendered_bytes(events) > limit:
+        raise InvalidInput(f"the run file would render to more than {limit:,} bytes of token view "
+                           f"({RENDER_FACTOR} x its size + {RENDER_FLOOR:,}): its rounds are not a real run's")
+    labels = {k: doc.get(k) or "" for k in ("preset", "target")}
+    if not all(isinstance(v, str) and len(v) <= 2 * LABEL_MAX_CHARS for v in labels.values()):
+        raise InvalidInput(f"preset and target must be names of at most {2 * LABEL_MAX_CHARS} characters")
+    return Replay(prompt=doc["prompt"], rounds=events, summary=_summary(doc), preset=labels["preset"],
+                  target=labels["target"], drafters=drafters, colors=colors,
+                  settings=_small_object(doc.get("settings") if isinstance(doc.get("settings"), dict) else None,
+                                         "settings"))

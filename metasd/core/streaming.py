@@ -17,6 +17,7 @@ The last batch always carries the summary (or the worker's exception, re-raised 
 
 from __future__ import annotations
 
+import asyncio
 import math
 import queue
 import threading
@@ -130,14 +131,25 @@ class EngineStream:
         return isinstance(pending[-1].event, Summary)
 
     def close(self, timeout: float = 10.0) -> None:
-        """End the worker (it stops at the next round boundary) and wait for it to free its caches."""
+        """End the worker (it stops at the next round boundary) and wait, at most `timeout` s, for it to free its
+        caches. On a thread running an asyncio event loop (a server cancelling a stream) it only signals: a wait
+        there would stall every client; the caller hands the wait to a thread (metasd.ui.generate)."""
         self._stop.set()
-        if threading.current_thread() is not self._thread:
+        if threading.current_thread() is not self._thread and not on_event_loop():
             self._thread.join(timeout)
 
     @property
     def alive(self) -> bool:
         return self._thread.is_alive()
+
+
+def on_event_loop() -> bool:
+    """Whether this thread is running an asyncio event loop (where nothing may block)."""
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return False
+    return True
 
 
 def with_threads(events: Iterator[Event], prefill: int | None, rounds: int | None) -> Iterator[Event]:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 import unicodedata
 from collections import Counter
 from collections.abc import Callable, Sequence
@@ -24,6 +25,48 @@ PROMPT_SET_MAX_BYTES = 1_000_000  # an uploaded Spec-Bench JSONL (the real one i
 PROMPT_SET_MAX_LINES = 5_000
 PLAYGROUND_MAX_DRAFTERS = 8
 LABEL_MAX_CHARS = 64  # drafter names, categories and question ids shown back in the page
+
+# ---- What one visitor may make the server do: every bound in one place (README "Bounds" lists them). ----
+# Run files (metasd.core.runfile.parse_run; the Replay tab, the CLI's `replay`).
+RUN_MAX_BYTES = 4_000_000  # a 1024-token run with full information is ~1.5 MB, without it ~0.6 MB
+RUN_MAX_ROUNDS = 5_000
+RUN_MAX_DRAFTERS = 32  # distinct drafter names in one file (a preset has <= 10, plugins add a few)
+RUN_MAX_DRAFT = 64  # drafted tokens per round (the page's gamma is <= 16; adaptive drafting stays below 64)
+RUN_MAX_TOKEN_CHARS = 256  # text of one token
+RUN_MAX_TEXT_CHARS = 2 * MAX_PROMPT_CHARS  # prompt and text of a run
+RUN_MAX_FIELD_KEYS = 64  # entries of the settings and config objects
+RUN_ROUND_MAX_MS = 10_000.0  # a recorded draft, verify or overhead time is clamped to this (a real round: ~0.1 s)
+RUN_MAX_TOKEN_ID = 2**31 - 1
+# The token view of an accepted run file is at most RENDER_FACTOR x its size + RENDER_FLOOR bytes (the
+# gallery's runs render to 0.3-0.9x their size); a file that would render larger is refused before rendering.
+RENDER_FACTOR = 4
+RENDER_FLOOR = 65_536
+REPLAY_MAX_S = 120.0  # a replay's wall time at most: a longer recording (or a slow speed) is played faster
+# Gradio's upload cap: the largest file any upload takes (run files; prompt sets are checked at their own cap).
+UPLOAD_MAX_BYTES = max(RUN_MAX_BYTES, PROMPT_SET_MAX_BYTES)
+# Compare: one call's prompt characters (all prompts together) x max new tokens. Decoding is bounded by
+# COMPARE_MAX_PROMPTS x COMPARE_MAX_NEW_TOKENS; this bounds the prompts' passes (the issue's 30 prompts of 18,000
+# characters at 256 tokens, about 2 hours here, is 138M). The 14 built-in examples at 256 tokens: 0.6M.
+COMPARE_MAX_WORK = 3_000_000
+
+
+def check_compare_work(prompts: Sequence[str], max_new_tokens: int, limit: int = COMPARE_MAX_WORK) -> int:
+    """The work of one Compare call (total prompt characters x max new tokens), or InvalidInput saying the bound
+    and what would fit, before anything runs."""
+    chars = sum(len(p) for p in prompts)
+    work = chars * max_new_tokens
+    if work > limit:
+        fit = max(0, limit // max(chars, 1))
+        raise InvalidInput(f"this comparison is {len(prompts)} prompt(s) of {chars:,} characters x {max_new_tokens} new "
+                           f"tokens = {work:,}; one run may do at most {limit:,} (characters x new tokens): use at most "
+                           f"{limit // max_new_tokens:,} characters at {max_new_tokens} tokens"
+                           + (f", or at most {fit} new tokens" if fit >= 1 else "") + ", or fewer prompts")
+    return work
+
+
+# Bandit playground: policies x rounds x drafters of one simulation. The page's default is 48,000 (under a
+# second); 320,000 is e.g. 4 policies x 20,000 rounds x 4 drafters, at most ~25 s here (Thompson, 8 drafters).
+PLAYGROUND_MAX_WORK = 320_000
 LIMITS = {
     "gamma": (1, 16),
     "max_new_tokens": (1, 4096),
@@ -189,6 +232,12 @@ def clean_label(value: Any, what: str, max_chars: int = LABEL_MAX_CHARS) -> str:
     return text[:max_chars]
 
 
+def markdown_literal(value: Any, max_chars: int = LABEL_MAX_CHARS) -> str:
+    """A visitor's text shown inside Markdown as literal text: one short line, every markup character (tags,
+    links, emphasis, table pipes) backslash-escaped."""
+    return re.sub(r"([\\`*_{}\[\]()#+\-.!|<>~&])", r"\\\1", clean_label(value, "text", max_chars))
+
+
 def parse_prompt_set(data: bytes | str, max_bytes: int = PROMPT_SET_MAX_BYTES,
                      max_lines: int = PROMPT_SET_MAX_LINES, int_ids: bool = False) -> list[dict[str, Any]]:
     """Prompts from JSONL in Spec-Bench's format (question_id, category, turns; the first turn is the
@@ -290,8 +339,15 @@ def validate_playground(rows: Any, policies: Any, gamma: Any, rounds: Any, rewar
         raise InvalidInput(f"unknown policy {unknown[0]!r}; choose from {', '.join(POLICIES)}")
     if reward not in REWARDS:
         raise InvalidInput(f"unknown reward {reward!r}; choose one of {', '.join(REWARDS)}")
-    return PlaygroundSettings(
+    st = PlaygroundSettings(
         drafters=tuple(drafters), policies=tuple(dict.fromkeys(policies)),
         gamma=int(number("gamma", gamma, True)), rounds=int(number("rounds", rounds, True)), reward=reward,
         full_info=bool(full_info), spread=float(number("spread", spread, False)), seed=int(number("seed", seed, True)),
     )
+    work = len(st.policies) * st.rounds * len(st.drafters)
+    if work > PLAYGROUND_MAX_WORK:  # bounded before it starts (#27)
+        fit = PLAYGROUND_MAX_WORK // (len(st.policies) * len(st.drafters))
+        raise InvalidInput(f"{len(st.policies)} policies x {st.rounds:,} rounds x {len(st.drafters)} drafters = {work:,}; "
+                           f"one simulation may do at most {PLAYGROUND_MAX_WORK:,}: use at most {fit:,} rounds, "
+                           "or fewer policies or drafters")
+    return st

@@ -3,9 +3,11 @@ MODEL, the fair slots through which requests take turns on them."""
 
 from __future__ import annotations
 
+import logging
 import os
 import threading
 import time
+from collections import OrderedDict
 from typing import Any
 
 import torch
@@ -18,14 +20,28 @@ from metasd.core.validation import InvalidInput
 from metasd.models.loading import Bundle, load_bundle
 from metasd.models.presets import DEFAULT_PRESET, PRESETS
 from metasd.ui.config import GEN_CONCURRENCY, HAS_CUDA, PREFILL_THREADS, TORCH_THREADS
-from metasd.ui.errors import refused
+from metasd.ui.errors import free_memory, refused
 
 # The model, shared by every request: Generate holds it for a whole answer, Compare one run at a time,
 # first come first served, so nobody waits for a whole prompt set.
 MODEL = FairSlots(GEN_CONCURRENCY)
 
-_bundles: dict[str, Bundle] = {}
+# Loaded presets, least recently used first. At most MAX_BUNDLES stay loaded (the least recently used beyond
+# that is unloaded); the lock guards only these dicts, never a load, so no request waits for another's load.
+MAX_BUNDLES = int(os.environ.get("METASD_MAX_BUNDLES", "2" if HAS_CUDA else "1"))
+# On a CPU the only preset is the offline one, loaded at start-up: a request that finds it still loading waits
+# for it (as handlers called before start-up did). On a GPU a hub preset loads in the background instead.
+WAIT_IN_REQUESTS = not HAS_CUDA
+LOAD_WAIT_S = 1800.0  # the longest a caller that must have the model (start-up, the CLI, tests) waits for a load
+_bundles: OrderedDict[str, Bundle] = OrderedDict()
+_loading: dict[str, threading.Event] = {}
+_load_errors: dict[str, str] = {}
 _bundle_lock = threading.Lock()
+log = logging.getLogger("metasd.app")
+
+
+class Loading(InvalidInput):
+    """The preset is loading in the background: the one who asked is told to come back in a moment."""
 
 
 def available_presets() -> list[str]:
@@ -38,16 +54,50 @@ def default_preset() -> str:
     return want if want in available_presets() else DEFAULT_PRESET
 
 
-def get_bundle(name: Any) -> Bundle:
-    """The loaded preset (loading it the first time). Anything but an offered preset name is refused."""
-    if not isinstance(name, str) or name not in available_presets():
-        raise InvalidInput(f"unknown preset {name!r}; this machine offers {', '.join(available_presets())}")
-    with _bundle_lock:
-        if name not in _bundles:
-            bundle = load_bundle(name)
-            _warm_up(bundle)
+def _load(name: str, done: threading.Event) -> None:
+    """Load and warm up one preset (in a thread of its own), then keep at most MAX_BUNDLES loaded."""
+    try:
+        bundle = load_bundle(name)
+        _warm_up(bundle)
+        with _bundle_lock:
             _bundles[name] = bundle
-        return _bundles[name]
+            while len(_bundles) > max(1, MAX_BUNDLES):
+                old, _ = _bundles.popitem(last=False)  # requests still running on it keep their reference
+                log.info("unloaded preset %s (least recently used; at most %d loaded)", old, MAX_BUNDLES)
+        del bundle
+        free_memory()
+    except Exception as e:  # noqa: BLE001  (told to the next one who asks; the log keeps the traceback)
+        log.error("loading preset %s failed", name, exc_info=e)
+        with _bundle_lock:
+            _load_errors[name] = f"{type(e).__name__}: {str(e)[:200]}"
+    finally:
+        with _bundle_lock:
+            _loading.pop(name, None)
+        done.set()
+
+
+def get_bundle(name: Any, wait: bool = True) -> Bundle:
+    """The loaded preset, loading it in the background the first time. Anything but an offered preset name is
+    refused. `wait=False` (a page request) raises Loading at once instead of waiting for the load."""
+    if not isinstance(name, str) or name not in available_presets():
+        raise InvalidInput(f"unknown preset {str(name)[:64]!r}; this machine offers {', '.join(available_presets())}")
+    with _bundle_lock:
+        if name in _bundles:
+            _bundles.move_to_end(name)
+            return _bundles[name]
+        failed = _load_errors.pop(name, None)
+        done = _loading.get(name)
+        if done is None and failed is None:
+            done = _loading[name] = threading.Event()
+            threading.Thread(target=_load, args=(name, done), name=f"metasd-load-{name}", daemon=True).start()
+    if failed is not None:
+        raise InvalidInput(f"loading preset {name} failed ({failed}); choose it again to retry")
+    if not wait:
+        raise Loading(f"preset {name} is loading in the background (a minute or two for a hub model); "
+                      "choose it again in a moment")
+    if not done.wait(LOAD_WAIT_S):
+        raise InvalidInput(f"preset {name} did not load within {LOAD_WAIT_S:.0f} s")
+    return get_bundle(name, wait=False)
 
 
 def _warm_up(bundle: Bundle) -> None:
@@ -60,14 +110,14 @@ def _warm_up(bundle: Bundle) -> None:
 def bundle_for(name: Any) -> Bundle:
     """get_bundle for a handler: a name it refuses is the user's message (gr.Error)."""
     try:
-        return get_bundle(name)
+        return get_bundle(name, wait=WAIT_IN_REQUESTS)
     except InvalidInput as e:
         raise refused(e) from None
 
 
-def drafters_of(name: str) -> list[str]:
+def drafters_of(name: str, wait: bool = True) -> list[str]:
     """The drafters a preset really has once loaded (a distilled drafter without weights is left out)."""
-    return get_bundle(name).drafter_names
+    return get_bundle(name, wait).drafter_names
 
 
 class _StepThreads(LogitsProcessor):

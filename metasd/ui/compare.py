@@ -14,14 +14,23 @@ import pandas as pd
 from metasd.bandits.policies import single_drafter, single_method
 from metasd.core.engine import collect, generate
 from metasd.core.streaming import in_fresh_thread, with_threads
-from metasd.core.validation import PROMPT_SET_MAX_BYTES, InvalidInput, clean_prompt, first_per_category, number, parse_prompt_set
+from metasd.core.validation import (
+    COMPARE_MAX_WORK,
+    PROMPT_SET_MAX_BYTES,
+    InvalidInput,
+    check_compare_work,
+    clean_prompt,
+    first_per_category,
+    number,
+    parse_prompt_set,
+)
 from metasd.models.loading import Bundle
 from metasd.models.spaces import MAX_S
 from metasd.ui import viz
 from metasd.ui.bundles import MODEL, bundle_for, measure_target
 from metasd.ui.config import COMPARE_MAX_NEW_TOKENS, COMPARE_MAX_PROMPTS, EXAMPLES, HAS_CUDA, PREFILL_THREADS, TORCH_THREADS, gpu
 from metasd.ui.errors import failure, refused
-from metasd.ui.files import private_stem, prune_tmp, read_upload
+from metasd.ui.files import private_stem, prune_tmp, read_upload, safe_csv
 from metasd.ui.session import STOPS, Cancelled, compare_key
 
 
@@ -90,6 +99,7 @@ def compare_prompt(prompt: str, preset: str, policy: str, max_new_tokens: int,
     try:
         max_new_tokens = int(number("max_new_tokens", max_new_tokens, True, (1, COMPARE_MAX_NEW_TOKENS)))
         prompt = _checked(bundle, prompt, COMPARE_MAX_NEW_TOKENS, policy=policy, max_new_tokens=max_new_tokens)
+        check_compare_work([prompt], max_new_tokens)  # bounded before it starts (#27)
         STOPS.start(key, cancel)
         runs, base_tps, ref = _method_runs(bundle, prompt, methods, max_new_tokens, progress, "prompt", 0,
                                            len(methods) + 1, cancel)
@@ -141,7 +151,7 @@ def compare_set(source: str, upload: Any, per_category: int, preset: str, policy
     df = pd.DataFrame(rows)
     prune_tmp()
     path = private_stem("compare", preset).with_suffix(".csv")
-    df.to_csv(path, index=False)
+    safe_csv(df, path)  # question ids and categories are the visitor's text
     yield viz.acceptance_heatmap(df), viz.speedup_bars(df, colors), df, gr.update(value=str(path), interactive=True)
 
 
@@ -168,6 +178,12 @@ def _prompt_set(bundle: Bundle, source: str, upload: Any, per_category: Any, pol
     if len(items) > COMPARE_MAX_PROMPTS:
         gr.Warning(f"Using the first {COMPARE_MAX_PROMPTS} of {len(items)} prompts.")
         items = items[:COMPARE_MAX_PROMPTS]
+    try:  # the whole set's work, bounded and said before it starts (#27)
+        work = check_compare_work([it["prompt"] for it in items], max_new_tokens)
+    except InvalidInput as e:
+        raise refused(e) from None
+    gr.Info(f"{len(items)} prompts x {len(_methods(bundle, policy)) + 1} runs of {max_new_tokens} tokens: work "
+            f"{work:,} of at most {COMPARE_MAX_WORK:,} (characters x new tokens) a run.")
     return items, max_new_tokens
 
 

@@ -54,13 +54,27 @@ def prune_tmp() -> None:
                 e.unlink(missing_ok=True)
 
 
+_FORMULA = ("=", "+", "-", "@", "\t", "\r")
+
+
+def csv_cell(x: Any) -> Any:
+    """A cell a spreadsheet shows as text: visitor text starting like a formula (=, +, -, @) gets a leading quote
+    (CSV injection); numbers stay numbers."""
+    return "'" + x if isinstance(x, str) and x.startswith(_FORMULA) else x
+
+
+def safe_csv(df: Any, path: Path) -> None:
+    """df as CSV at `path`, every text cell passed through csv_cell."""
+    df.map(csv_cell).to_csv(path, index=False)
+
+
 def write_logs(record: RunRecord | None):
     """The per-round log as CSV and JSON, in the app's own temp dir, for the download buttons."""
     if not record or not record.rounds:
         return gr.update(value=None, interactive=False), gr.update(value=None, interactive=False)
     prune_tmp()
     stem = private_stem(record.preset, record.settings.get("policy", "run"))
-    viz.rounds_frame(record.rounds).to_csv(stem.with_suffix(".csv"), index=False)
+    safe_csv(viz.rounds_frame(record.rounds), stem.with_suffix(".csv"))
     obj = run_document(record.prompt, record.rounds, record.summary, preset=record.preset,
                        target=PRESETS[record.preset].target if record.preset in PRESETS else "",
                        drafters=record.drafters or list(record.rounds[0].probabilities),

@@ -15,13 +15,13 @@ from metasd.bandits.policies import POLICIES, single_method
 from metasd.core import defaults
 from metasd.core.engine import encode_prompt, generate
 from metasd.core.numerics import first_divergence
-from metasd.core.streaming import EngineStream
+from metasd.core.streaming import EngineStream, on_event_loop
 from metasd.core.validation import InvalidInput, clean_prompt
 from metasd.models.loading import Bundle
 from metasd.models.presets import DEFAULT_PRESET, PRESETS
 from metasd.models.spaces import gpu_duration
 from metasd.ui import viz
-from metasd.ui.bundles import MODEL, available_presets, bundle_for, default_preset, drafters_of, get_bundle, measure_target
+from metasd.ui.bundles import MODEL, available_presets, bundle_for, default_preset, drafters_of, measure_target
 from metasd.ui.config import (
     FRAME_FPS,
     HAS_CUDA,
@@ -123,12 +123,29 @@ def _stream(events: Iterator[Any], stop: threading.Event, view: viz.LiveView, re
     except Exception as e:  # shown as a message, never a traceback; the log keeps the details
         raise failure(e) from None
     finally:
-        if stream is not None:
-            stream.close()  # the worker ends within a round and frees the drafters' and the target's caches
-        else:
-            events.close()
-        if held:
-            MODEL.release()
+        _finish(stream, events, held)
+
+
+CLOSE_TIMEOUT_S = 10.0  # a worker ends within a round; waiting for it never takes longer than this
+
+
+def _finish(stream: EngineStream | None, events: Iterator[Any], held: bool) -> None:
+    """End the worker (it frees the drafters' and the target's caches), then hand the model back. A cancelled
+    stream is closed on the server's event loop: there the wait goes to a thread of its own, so no client stalls."""
+    def end() -> None:
+        try:
+            if stream is not None:
+                stream.close(CLOSE_TIMEOUT_S)
+            else:
+                events.close()
+        finally:
+            if held:
+                MODEL.release()
+
+    if on_event_loop():
+        threading.Thread(target=end, name="metasd-close", daemon=True).start()
+    else:
+        end()
 
 
 def _engine_frames(stream: EngineStream, view: viz.LiveView, record: RunRecord,
@@ -217,7 +234,8 @@ def on_preset(name: str):
     """Another preset: its drafters (its defaults ticked), the policies over them, its draft length."""
     if name not in available_presets():
         raise gr.Error(f"unknown preset {name!r}")
-    names = drafters_of(name)
-    return (gr.update(choices=names, value=get_bundle(name).default_drafters),
+    bundle = bundle_for(name)  # a hub preset not loaded yet loads in the background; the one who asked is told
+    names = bundle.drafter_names
+    return (gr.update(choices=names, value=bundle.default_drafters),
             gr.update(choices=policy_choices(names), value=PAGE_POLICY),
             gr.update(value=PRESETS[name].gamma))

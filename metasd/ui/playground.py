@@ -7,8 +7,9 @@ import gradio as gr
 import pandas as pd
 
 from metasd.bandits.playground import SynthDrafter, compare, expected_speedup, expected_tokens
-from metasd.core.validation import InvalidInput, validate_playground
+from metasd.core.validation import InvalidInput, markdown_literal, validate_playground
 from metasd.ui import viz
+from metasd.ui.errors import failure
 
 PLAYGROUND_DRAFTERS = pd.DataFrame(
     [["prompt lookup", 0.45, 0.0], ["token recycling", 0.55, 0.02], ["small LM", 0.75, 0.08], ["large LM", 0.9, 0.35]],
@@ -23,20 +24,22 @@ def run_playground(table: pd.DataFrame, policies: list[str], gamma: int, rounds:
         rows = table.to_dict("records") if isinstance(table, pd.DataFrame) else table
         st = validate_playground(rows, policies, gamma, rounds, reward, full_info, spread, seed)
     except InvalidInput as e:
-        raise gr.Error(f"Playground settings: {e}") from None
+        raise gr.Error(f"Playground settings: {e}", print_exception=False) from None
+    except Exception as e:  # e.g. a table gradio could not read: the app's message, the traceback in the log
+        raise failure(e, "The simulation") from None
     drafters = [SynthDrafter(name, acc, cost) for name, acc, cost in st.drafters]
     gamma = st.gamma
     try:
         results = compare(list(st.policies), drafters, gamma=st.gamma, rounds=st.rounds, reward=st.reward,
                           full_info=st.full_info, spread=st.spread, seed=st.seed)
     except (ValueError, TypeError, KeyError) as e:
-        raise gr.Error(f"Playground settings: {e}") from None
+        raise gr.Error(f"Playground settings: {e}", print_exception=False) from None
     colors = viz.drafter_colors([d.name for d in drafters])
     best = results[0].best
     lines = ["| drafter | E[tokens / call] | speed-up E[tokens]/(\u03b3c+1) |", "|---|---|---|"]
     for i, d in enumerate(drafters):
         mark = " **(best)**" if i == best else ""
-        lines.append(f"| {d.name}{mark} | {expected_tokens(d.acceptance, int(gamma)):.2f} | "
+        lines.append(f"| {markdown_literal(d.name)}{mark} | {expected_tokens(d.acceptance, int(gamma)):.2f} | "
                      f"{expected_speedup(d.acceptance, int(gamma), d.cost):.2f}\u00d7 |")
     return (viz.playground_probability_figure(results, colors), viz.playground_regret_figure(results),
             viz.playground_table(results), "\n".join(lines))

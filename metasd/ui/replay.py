@@ -3,18 +3,19 @@ assets/runs/) streamed like a live one (/replay), stepped through round by round
 
 from __future__ import annotations
 
+import hashlib
 import threading
 import time
+from collections import OrderedDict
 from typing import Any
 
 import gradio as gr
 
-from metasd.core.runfile import MAX_BYTES as RUN_MAX_BYTES
 from metasd.core.runfile import Replay, parse_run
-from metasd.core.validation import InvalidInput, number
+from metasd.core.validation import REPLAY_MAX_S, RUN_MAX_BYTES, InvalidInput, number
 from metasd.ui import viz
 from metasd.ui.config import ASSETS, EXAMPLES, FRAME_FPS, task_title
-from metasd.ui.errors import refused
+from metasd.ui.errors import failure, refused
 from metasd.ui.files import read_upload
 from metasd.ui.frames import STREAM_PLACEHOLDER, final_status, frame
 from metasd.ui.session import STOPS, RunRecord, replay_key
@@ -28,17 +29,47 @@ def gallery() -> list[tuple[str, str]]:
     return [(titles.get(p.stem, p.stem), p.stem) for p in sorted(RUNS_DIR.glob("*.json"))]
 
 
+# Parsed runs, by file identity: the round slider and the slider's range (an event outside the queue) parse a
+# file once, not on every move. Parsing itself is one at a time: json.loads holds the GIL for its whole call.
+_CACHE: OrderedDict[tuple[Any, ...], Replay] = OrderedDict()
+_CACHE_SIZE = 4
+_cache_lock = threading.Lock()
+_parse_lock = threading.Lock()
+PARSE_WAIT_S = 10.0
+
+
+def _parsed(key: tuple[Any, ...], read: Any) -> Replay:
+    with _cache_lock:
+        if key in _CACHE:
+            _CACHE.move_to_end(key)
+            return _CACHE[key]
+    if not _parse_lock.acquire(timeout=PARSE_WAIT_S):
+        raise InvalidInput("the server is busy reading other run files; try again in a moment")
+    try:
+        with _cache_lock:  # parsed meanwhile by a request that held the parse lock before this one
+            if key in _CACHE:
+                return _CACHE[key]
+        run = parse_run(read())
+        with _cache_lock:
+            _CACHE[key] = run
+            while len(_CACHE) > _CACHE_SIZE:
+                _CACHE.popitem(last=False)
+    finally:
+        _parse_lock.release()
+    return run
+
+
 def _replay_source(run_file: Any, name: Any) -> tuple[Replay, str]:
-    """The run to replay: an uploaded run file, else a gallery entry by name (only names the gallery lists)."""
+    """The run to replay: an uploaded run file, else a gallery entry by name (only names the gallery lists).
+    An upload is known by its content (gradio may hand the same file over under another path)."""
     if run_file:
         data, file_name = read_upload(run_file, RUN_MAX_BYTES, "run file", "upload a run file (JSON)")
-        return parse_run(data), file_name
-    names = [n for _, n in gallery()]
+        return _parsed(("upload", hashlib.sha256(data).hexdigest()), lambda: data), file_name
     if not name:
         raise InvalidInput("choose a recorded run or upload a run file")
-    if name not in names:
-        raise InvalidInput(f"no recorded run named {name!r}")
-    return parse_run((RUNS_DIR / f"{name}.json").read_bytes()), str(name)
+    if not isinstance(name, str) or name not in {n for _, n in gallery()}:
+        raise InvalidInput(f"no recorded run named {str(name)[:64]!r}")
+    return _parsed(("gallery", name), lambda: (RUNS_DIR / f"{name}.json").read_bytes()), name
 
 
 def _replay_setup(run: Replay) -> tuple[viz.LiveView, RunRecord]:
@@ -57,32 +88,34 @@ def _round_s(ev: Any) -> float:
     return (ev.draft_ms + ev.verify_ms + ev.overhead_ms) / 1000.0
 
 
+def _pace(run: Replay, speed: float) -> float:
+    """The speed actually used: the asked one, or faster so that the replay lasts at most REPLAY_MAX_S."""
+    recorded = sum(_round_s(ev) for ev in run.rounds)
+    return max(speed, recorded / REPLAY_MAX_S)
+
+
 def replay_view(run_file: Any = None, name: str = "", speed: float = 2.0, request: gr.Request = None):
-    """Stream a saved run as /generate streams a live one, paced by its recorded round times / speed."""
+    """Stream a saved run as /generate streams a live one, paced by its recorded round times / speed; at most
+    REPLAY_MAX_S of wall time, and one replay per session at a time (a new one ends the session's previous one)."""
     try:
         speed = float(number("speed", speed, False, (0.25, 64.0)))
         run, label = _replay_source(run_file, name)
     except InvalidInput as e:
         raise refused(e) from None
+    except Exception as e:  # never the bare "Error": the log keeps the traceback
+        raise failure(e) from None
     stop = threading.Event()
     key = replay_key(request)
+    if getattr(request, "session_hash", None):  # this session's previous replay ends: one slot per visitor
+        STOPS.signal(key)
     STOPS.start(key, stop)
+    pace = _pace(run, speed)
     view, record = _replay_setup(run)
-    note = _replay_note(run, label)
+    note = _replay_note(run, label) + (f" Played at {pace:.2g}\u00d7 (a replay lasts at most {REPLAY_MAX_S:.0f} s)."
+                                        if pace > speed else "")
     try:
         yield frame(view, record, None, None, note)
-        t0, clock, shown = time.perf_counter(), 0.0, -1.0
-        for ev in run.rounds:
-            if stop.is_set():
-                break
-            clock += _round_s(ev)
-            wait = t0 + clock / speed - time.perf_counter()
-            if wait > 0:
-                stop.wait(wait)
-            view.add(ev, clock)
-            if time.perf_counter() - shown >= 1.0 / FRAME_FPS:
-                shown = time.perf_counter()
-                yield (view.tokens_html(), gr.skip(), gr.skip(), gr.skip(), gr.skip(), view.text())
+        yield from _replay_frames(run, view, pace, stop)
         if len(view.rounds) == len(run.rounds) and run.summary is not None:
             view.add(run.summary, run.summary.wall_s)
             status = final_status(run.summary)  # exactly the status line the live run ended on
@@ -93,6 +126,22 @@ def replay_view(run_file: Any = None, name: str = "", speed: float = 2.0, reques
         STOPS.end(key, stop)
 
 
+def _replay_frames(run: Replay, view: viz.LiveView, pace: float, stop: threading.Event):
+    """The rounds at their recorded pace (each wait at most REPLAY_MAX_S, and the whole replay too)."""
+    t0, clock, shown = time.perf_counter(), 0.0, -1.0
+    for ev in run.rounds:
+        if stop.is_set():
+            break
+        clock += _round_s(ev)
+        wait = min(t0 + clock / pace - time.perf_counter(), REPLAY_MAX_S)
+        if wait > 0 and stop.wait(wait):
+            break
+        view.add(ev, clock)
+        if time.perf_counter() - shown >= 1.0 / FRAME_FPS:
+            shown = time.perf_counter()
+            yield (view.tokens_html(), gr.skip(), gr.skip(), gr.skip(), gr.skip(), view.text())
+
+
 def replay_at(run_file: Any, name: str, k: Any):
     """The replay's state after round k (the round slider): every view as it was then."""
     try:
@@ -100,6 +149,8 @@ def replay_at(run_file: Any, name: str, k: Any):
         k = int(number("round", k, True, (0, len(run.rounds))))
     except InvalidInput as e:
         raise refused(e) from None
+    except Exception as e:
+        raise failure(e) from None
     view, record = _replay_setup(run)
     for ev in run.rounds[:k]:
         view.add(ev, view.engine_s + _round_s(ev))
@@ -111,10 +162,19 @@ def replay_at(run_file: Any, name: str, k: Any):
 
 
 def replay_rounds(run_file: Any, name: str):
-    """The round slider's range for the chosen run."""
+    """The round slider's range for the chosen run. This event runs outside the queue, so it never parses a
+    visitor's file: it reads the parse its replay (in the queue) has just made, by the file's content; an upload
+    not replayed yet gets the default range."""
     try:
-        run, _ = _replay_source(run_file, name)
-    except InvalidInput:
+        if run_file:
+            data, _ = read_upload(run_file, RUN_MAX_BYTES, "run file", "upload a run file (JSON)")
+            with _cache_lock:
+                run = _CACHE.get(("upload", hashlib.sha256(data).hexdigest()))
+            if run is None:
+                return gr.update(maximum=1, value=0)
+        else:
+            run, _ = _replay_source(None, name)  # a gallery run: the app's own small files
+    except Exception:  # noqa: BLE001  (the replay itself said what was wrong)
         return gr.update(maximum=1, value=0)
     return gr.update(maximum=len(run.rounds), value=len(run.rounds))
 

@@ -15,7 +15,7 @@ import pandas as pd
 
 from metasd.bandits.policies import POLICIES, POLICY_HELP, single_drafter
 from metasd.core import defaults
-from metasd.core.validation import MAX_PROMPT_CHARS
+from metasd.core.validation import MAX_PROMPT_CHARS, markdown_literal
 from metasd.models.presets import PRESETS
 from metasd.ui import text, viz
 from metasd.ui.bundles import available_presets, get_bundle
@@ -62,9 +62,11 @@ def _idle():
 
 
 def _policy_info(name: str) -> str:
+    if not isinstance(name, str) or (name not in POLICIES and single_drafter(name) is None):
+        return f"**{markdown_literal(name)}**: unknown policy"  # a custom value: shown as literal text (#27)
     alone = single_drafter(name)
     if alone is not None:
-        return f"**{name}**: {alone} alone, plain speculative decoding without a bandit"
+        return f"**{markdown_literal(name)}**: {markdown_literal(alone)} alone, plain speculative decoding without a bandit"
     return f"**{name}**: {POLICY_HELP.get(name, 'unknown policy')}"
 
 

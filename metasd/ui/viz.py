@@ -128,14 +128,16 @@ def round_spans(ev: RoundEvent, colors: Mapping[str, str]) -> list[str]:
 
 def legend_html(colors: Mapping[str, str], used: Iterable[str] | None = None) -> str:
     """Chips naming each drafter's colour and underline, plus the target's neutral style and a rejected sample."""
-    names = list(colors) if used is None else [n for n in colors if n in set(used)]
+    wanted = None if used is None else set(used)  # once: a set per name made the legend quadratic in drafters
+    names = [n for n in colors if wanted is None or n in wanted]
+    underline = {n: UNDERLINES[i % len(UNDERLINES)] for i, n in enumerate(colors)}
     chips = []
     for n in names:
         kind = kind_by_name(n)
         label = f'<span class="kind">{_esc(kind)}</span>' if kind else ""
         what = f" ({kind} drafter)" if kind else ""
         chips.append(f'<span class="chip" data-drafter="{_esc(n)}" title="tokens {_esc(n)}{what} proposed and the target '
-                     f'accepted"><span class="swatch acc u-{underline_of(colors, n)}" style="--c:{colors[n]}">abc</span>'
+                     f'accepted"><span class="swatch acc u-{underline[n]}" style="--c:{colors[n]}">abc</span>'
                      f'{_esc(n)}{label}</span>')
     chips.append('<span class="chip" title="tokens the target supplied itself"><span class="swatch tgt">abc</span>'
                  'target (correction / bonus)</span>')
@@ -205,14 +207,15 @@ def _arm_spec(x: Sequence[int], probs: Mapping[str, Sequence[float]], pulled: Ma
     for n in names:
         c = colors.get(n, TARGET_COLOR)
         # rounds are 1, 2, 3, ...: x0/dx instead of an x array keeps the streamed figure small
-        data.append(dict(type="scatter", x0=x[0] if len(x) else 1, dx=1, y=list(probs[n]), name=n, mode="lines",
+        # Plotly renders a subset of HTML (links too) in names, titles, ticks and hover text: a name is escaped.
+        data.append(dict(type="scatter", x0=x[0] if len(x) else 1, dx=1, y=list(probs[n]), name=_esc(n), mode="lines",
                          stackgroup="p", line=dict(width=0.8, color=c, shape="hv"), fillcolor=_rgba(c, 0.45),
                          hovertemplate="%{y:.2f}", xaxis="x", yaxis="y"))
     for i, n in enumerate(names):
         xs = list(pulled.get(n, ()))
         # one row per arm, top to bottom in legend order: y0 with dy=0 puts every tick on it without a y array
         data.append(dict(type="scatter", x=xs, y0=len(names) - 1 - i, dy=0, mode="markers", showlegend=False,
-                         name=f"pulled {n}", marker=dict(symbol="line-ns", size=9, line=dict(width=2, color=colors.get(n))),
+                         name=f"pulled {_esc(n)}", marker=dict(symbol="line-ns", size=9, line=dict(width=2, color=colors.get(n))),
                          hovertemplate=f"pulled {_esc(n)}<extra></extra>", xaxis="x", yaxis="y2"))
     xr = None if len(x) else [0.5, 10.5]
     layout = _layout_dict(
@@ -500,7 +503,8 @@ def acceptance_heatmap(df: pd.DataFrame) -> go.Figure:
         return empty_figure("Acceptance rate by drafter and task", "run a prompt set")
     t = single.assign(drafter=[single_drafter(m) for m in single["method"]]).pivot_table(
         index="drafter", columns="category", values="acceptance_rate", aggfunc="mean")
-    fig = go.Figure(go.Heatmap(z=t.values, x=list(t.columns), y=list(t.index), zmin=0, zmax=1, colorscale="Blues",
+    fig = go.Figure(go.Heatmap(z=t.values, x=[_esc(str(c)) for c in t.columns], y=[_esc(str(i)) for i in t.index],
+                               zmin=0, zmax=1, colorscale="Blues",
                                text=[[f"{v:.0%}" if v == v else "" for v in row] for row in t.values],
                                texttemplate="%{text}", hovertemplate="%{y} on %{x}: %{z:.1%}<extra></extra>",
                                colorbar=dict(thickness=10, tickformat=".0%")))
@@ -527,8 +531,9 @@ def speedup_bars(df: pd.DataFrame, colors: Mapping[str, str] | None = None) -> g
         else:
             c = ("#111827", "#6366F1", "#9CA3AF", "#0EA5E9")[bandit % 4]
             bandit += 1
-        fig.add_trace(go.Bar(x=list(t.index), y=t[m].values, name=m, marker_color=c,
-                             hovertemplate=f"{m}: " + "%{y:.2f}\u00d7<extra>%{x}</extra>"))
+        # The trace's (escaped) name goes into the hover text by reference: no visitor text in a template.
+        fig.add_trace(go.Bar(x=[_esc(str(i)) for i in t.index], y=t[m].values, name=_esc(str(m)), marker_color=c,
+                             hovertemplate="%{fullData.name}: %{y:.2f}\u00d7<extra>%{x}</extra>"))
     fig.add_hline(y=1.0, line=dict(color="#111827", width=1, dash="dot"))
     fig.update_layout(barmode="group", hovermode="closest")
     fig.update_yaxes(title_text="speed-up (\u00d7)", rangemode="tozero")
@@ -544,7 +549,7 @@ def playground_probability_figure(results: Sequence[Any], colors: Mapping[str, s
     n = max(len(results), 1)
     cols = min(n, 3)
     rows = math.ceil(n / cols)
-    fig = make_subplots(rows=rows, cols=cols, shared_yaxes=True, subplot_titles=[r.policy for r in results],
+    fig = make_subplots(rows=rows, cols=cols, shared_yaxes=True, subplot_titles=[_esc(r.policy) for r in results],
                         horizontal_spacing=0.04, vertical_spacing=0.16)
     for k, r in enumerate(results):
         T = len(r.arms)
@@ -552,9 +557,10 @@ def playground_probability_figure(results: Sequence[Any], colors: Mapping[str, s
         x = list(range(1, T + 1, step))
         for i, name in enumerate(r.names):
             c = colors.get(name, PALETTE[i % len(PALETTE)])
-            fig.add_trace(go.Scatter(x=x, y=r.probabilities[::step, i], mode="lines", stackgroup=f"s{k}", name=name,
-                                     legendgroup=name, showlegend=k == 0, line=dict(width=0.6, color=c),
-                                     fillcolor=_rgba(c, 0.5), hovertemplate=f"{name}: " + "%{y:.2f}<extra></extra>"),
+            fig.add_trace(go.Scatter(x=x, y=r.probabilities[::step, i], mode="lines", stackgroup=f"s{k}",
+                                     name=_esc(name), legendgroup=_esc(name), showlegend=k == 0,
+                                     line=dict(width=0.6, color=c), fillcolor=_rgba(c, 0.5),
+                                     hovertemplate="%{fullData.name}: %{y:.2f}<extra></extra>"),
                           row=k // cols + 1, col=k % cols + 1)
     fig.update_yaxes(range=[0, 1.0001])
     fig.update_annotations(font_size=11)
@@ -568,9 +574,9 @@ def playground_regret_figure(results: Sequence[Any]) -> go.Figure:
     for k, r in enumerate(results):
         T = len(r.regret)
         step = max(1, -(-T // 600))
-        fig.add_trace(go.Scatter(x=list(range(1, T + 1, step)), y=r.regret[::step], mode="lines", name=r.policy,
+        fig.add_trace(go.Scatter(x=list(range(1, T + 1, step)), y=r.regret[::step], mode="lines", name=_esc(r.policy),
                                  line=dict(width=2, color=PALETTE[k % len(PALETTE)]),
-                                 hovertemplate=f"{r.policy}: " + "%{y:.1f}<extra></extra>"))
+                                 hovertemplate="%{fullData.name}: %{y:.1f}<extra></extra>"))
     fig.update_xaxes(title_text="round")
     fig.update_yaxes(title_text="tokens lost", rangemode="tozero")
     fig.update_layout(hovermode="closest")
