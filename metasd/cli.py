@@ -80,12 +80,15 @@ def cmd_generate(a: argparse.Namespace) -> int:
                   end="", flush=True)
     summary = ev
     if a.json:  # a run file: the generate --json contract plus what `replay` needs (metasd.core.runfile)
+        from metasd.core.lanes import lanes_for
         from metasd.core.runfile import run_document
         from metasd.ui.viz import drafter_colors
 
+        lanes, _ = lanes_for(bundle, summary.prompt, rounds, summary.config) if rounds else ({}, 0.0)
+
         obj = run_document(a.prompt, rounds, summary, preset=bundle.preset.name, target=bundle.preset.target,
                            drafters=list(rounds[0].probabilities) if rounds else bundle.default_drafters,
-                           colors=drafter_colors(bundle.drafter_names), settings=summary.config)
+                           colors=drafter_colors(bundle.drafter_names), settings=summary.config, lanes=lanes)
         print(json.dumps(obj, ensure_ascii=False))
     else:
         print(f"\n\n{summary.new_tokens} tokens in {summary.wall_s:.2f} s ({summary.tokens_per_s:.1f} tokens/s), "

@@ -21,8 +21,8 @@ from transformers import DynamicCache
 
 from metasd.bandits.policies import Choice, make_policy
 from metasd.bandits.priors import Priors, load_priors
-from metasd.core.costs import EXTRA_ID_PRIOR, EXTRA_ID_PRIOR_PACKED, VerifyCost, best_length, expected_accepted, reward
 from metasd.core import lanes
+from metasd.core.costs import EXTRA_ID_PRIOR, EXTRA_ID_PRIOR_PACKED, VerifyCost, best_length, expected_accepted, reward
 from metasd.core.events import DrafterStats, Event, RoundEvent, Summary
 from metasd.core.sampling import Sampling, Verdict, verify, warp
 from metasd.core.validation import InvalidInput, Settings, clean_prompt, validate_settings

@@ -23,7 +23,7 @@ from metasd.core.events import DrafterStats, RoundEvent, Summary
 from metasd.core.validation import InvalidInput
 
 FORMAT = "metasd-run"
-VERSION = 1
+VERSION = 2  # 2: `lanes` (metasd/core/lanes.py); version 1 files load without them
 MAX_BYTES = 16_000_000  # a 1024-token run with full information is ~1.5 MB
 MAX_ROUNDS = 5_000
 
@@ -42,8 +42,9 @@ def versions() -> dict[str, str]:
 
 def run_document(prompt: str, rounds: Sequence[RoundEvent], summary: Summary | None, *, preset: str = "",
                  target: str = "", drafters: Sequence[str] = (), colors: Mapping[str, str] | None = None,
-                 settings: Mapping[str, Any] | None = None) -> dict[str, Any]:
-    """The run file: the `generate --json` object plus what a replay needs."""
+                 settings: Mapping[str, Any] | None = None,
+                 lanes: Mapping[str, Sequence[float]] | None = None) -> dict[str, Any]:
+    """The run file: the `generate --json` object plus what a replay needs (and the drafter lanes)."""
     text = summary.text if summary else "".join("".join(ev.emitted_text) for ev in rounds)
     return {
         "prompt": prompt,
@@ -60,6 +61,7 @@ def run_document(prompt: str, rounds: Sequence[RoundEvent], summary: Summary | N
         "colors": dict(colors or {}),
         "settings": dict(settings or {}),
         "software": versions(),
+        "lanes": {d: [round(float(x), 4) for x in lane] for d, lane in (lanes or {}).items()},
     }
 
 
@@ -75,9 +77,11 @@ class Replay:
     drafters: list[str]
     colors: dict[str, str]
     settings: dict[str, Any] = field(default_factory=dict)
+    lanes: dict[str, list[float]] = field(default_factory=dict)  # empty for version 1 files
 
 
-_ROUND_TYPES: dict[str, Any] = {f.name: f.type for f in fields(RoundEvent)}
+# Every round field a run file must have (`scores` is the engine's, for the lanes: not in rounds).
+_ROUND_TYPES: dict[str, Any] = {f.name: f.type for f in fields(RoundEvent) if f.name != "scores"}
 
 
 def _num(x: Any, what: str) -> float:
@@ -193,6 +197,26 @@ def parse_run(data: bytes | str) -> Replay:
                                                for v in colors.values()):
         raise InvalidInput("colors must map drafter names to #rrggbb colours")
     settings = doc.get("settings") if isinstance(doc.get("settings"), dict) else {}
+    lanes = parse_lanes(doc.get("lanes"), sum(len(ev.emitted) for ev in events))
     return Replay(prompt=doc["prompt"], rounds=events, summary=_summary(doc), preset=str(doc.get("preset") or ""),
                   target=str(doc.get("target") or ""), drafters=list(drafters) or list(events[0].probabilities),
-                  colors={str(k): v for k, v in colors.items()}, settings=settings)
+                  colors={str(k): v for k, v in colors.items()}, settings=settings,
+                  lanes=lanes)
+
+
+def parse_lanes(lanes: Any, n_tokens: int) -> dict[str, list[float]]:
+    """The `lanes` of a run file (absent before version 2: none): per drafter name, one number in [0, 1]
+    per emitted token."""
+    if lanes is None:
+        return {}
+    if not isinstance(lanes, dict) or len(lanes) > 64:
+        raise InvalidInput("lanes must map at most 64 drafter names to lists of numbers")
+    out = {}
+    for name, lane in lanes.items():
+        if not isinstance(lane, list) or len(lane) != n_tokens:
+            raise InvalidInput(f"lane {str(name)[:64]!r} must have one number per emitted token ({n_tokens})")
+        values = [_num(x, f"lane {str(name)[:64]!r}") for x in lane]
+        if any(not 0.0 <= x <= 1.0 for x in values):
+            raise InvalidInput(f"lane {str(name)[:64]!r} has a number outside [0, 1]")
+        out[str(name)] = values
+    return out
