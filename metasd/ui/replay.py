@@ -16,7 +16,7 @@ from metasd.ui import viz
 from metasd.ui.config import ASSETS, EXAMPLES, FRAME_FPS, task_title
 from metasd.ui.errors import refused
 from metasd.ui.files import read_upload
-from metasd.ui.frames import STREAM_PLACEHOLDER, final_status, frame
+from metasd.ui.frames import STREAM_PLACEHOLDER, final_status, frame, lanes_view
 from metasd.ui.session import STOPS, RunRecord, replay_key
 
 RUNS_DIR = ASSETS / "runs"
@@ -52,6 +52,14 @@ def _replay_note(run: Replay, label: str) -> str:
             f"(engine clock), not this machine's.")
 
 
+NO_LANES = "This run file has no drafter lanes (recorded before run-file version 2)."
+
+
+def _lanes(run: Replay, view: viz.LiveView) -> str:
+    """The recorded lanes, up to the tokens the replay has shown."""
+    return lanes_view(view.rounds, run.lanes, view.colors, empty=NO_LANES if not run.lanes else viz.LANES_EMPTY)
+
+
 def _round_s(ev: Any) -> float:
     """How long a recorded round took on the engine's clock."""
     return (ev.draft_ms + ev.verify_ms + ev.overhead_ms) / 1000.0
@@ -70,8 +78,8 @@ def replay_view(run_file: Any = None, name: str = "", speed: float = 2.0, reques
     view, record = _replay_setup(run)
     note = _replay_note(run, label)
     try:
-        yield frame(view, record, None, None, note)
-        t0, clock, shown = time.perf_counter(), 0.0, -1.0
+        yield (*frame(view, record, None, None, note), _lanes(run, view))
+        t0, clock, shown, laned = time.perf_counter(), 0.0, -1.0, time.perf_counter()
         for ev in run.rounds:
             if stop.is_set():
                 break
@@ -82,13 +90,16 @@ def replay_view(run_file: Any = None, name: str = "", speed: float = 2.0, reques
             view.add(ev, clock)
             if time.perf_counter() - shown >= 1.0 / FRAME_FPS:
                 shown = time.perf_counter()
-                yield (view.tokens_html(), gr.skip(), gr.skip(), gr.skip(), gr.skip(), view.text())
+                lanes = gr.skip()
+                if shown - laned >= 1.0:  # the lanes (a larger block) once a second
+                    lanes, laned = _lanes(run, view), shown
+                yield (view.tokens_html(), gr.skip(), gr.skip(), gr.skip(), gr.skip(), view.text(), lanes)
         if len(view.rounds) == len(run.rounds) and run.summary is not None:
             view.add(run.summary, run.summary.wall_s)
             status = final_status(run.summary)  # exactly the status line the live run ended on
         else:
             status = f"replay stopped at round {len(view.rounds)} of {len(run.rounds)}"
-        yield frame(view, record, None, status, note)
+        yield (*frame(view, record, None, status, note), _lanes(run, view))
     finally:
         STOPS.end(key, stop)
 
@@ -107,7 +118,8 @@ def replay_at(run_file: Any, name: str, k: Any):
     if k == len(run.rounds) and run.summary is not None:
         view.add(run.summary, run.summary.wall_s)
         status = final_status(run.summary)
-    return frame(view, record, None, status if status else f"round {k} of {len(run.rounds)}", _replay_note(run, label))
+    return (*frame(view, record, None, status if status else f"round {k} of {len(run.rounds)}", _replay_note(run, label)),
+            _lanes(run, view))
 
 
 def replay_rounds(run_file: Any, name: str):

@@ -30,7 +30,7 @@ from metasd.ui.config import (
     task_title,
 )
 from metasd.ui.files import write_logs
-from metasd.ui.frames import plot
+from metasd.ui.frames import lanes_placeholder, plot
 from metasd.ui.generate import generate_view, measure_baseline, on_preset, policy_choices, stop_generation
 from metasd.ui.playground import PLAYGROUND_DRAFTERS, run_playground
 from metasd.ui.replay import gallery, open_link, replay_at, replay_rounds, replay_view, stop_replay
@@ -78,10 +78,9 @@ def _preset_info(name: str) -> str:
     return "; ".join(f"{n}: {PRESETS[n].hardware}" for n in available_presets())
 
 
-def _empty_view(drafters0: list[str]) -> viz.LiveView:
-    """The views before the first run (Generate) or replay (Replay)."""
-    return viz.LiveView(viz.drafter_colors(drafters0), drafters0,
-                        placeholder="Press Run (or Ctrl+Enter) to stream tokens here.")
+def _empty_view(drafters0: list[str], placeholder: str = "Press Run (or Ctrl+Enter) to stream tokens here.") -> viz.LiveView:
+    """The views before the first run (Generate) or replay (Replay: its button is Play)."""
+    return viz.LiveView(viz.drafter_colors(drafters0), drafters0, placeholder=placeholder)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -124,6 +123,7 @@ class GenerateAnswer:
     table: gr.DataFrame
     csv_btn: gr.DownloadButton
     json_btn: gr.DownloadButton
+    lanes: gr.HTML
 
 
 def build_generate_tab(preset0: str, drafters0: list[str], baselines: gr.State, record: gr.State,
@@ -141,7 +141,8 @@ def build_generate_tab(preset0: str, drafters0: list[str], baselines: gr.State, 
                 gr.Markdown("**Per-round log** (also of a stopped run)", elem_classes="compact-md")
                 csv_btn = gr.DownloadButton("CSV", size="sm", interactive=False)
                 json_btn = gr.DownloadButton("JSON", size="sm", interactive=False)
-        _wire_generate(controls, GenerateAnswer(*views, table, csv_btn, json_btn), baselines, record, concurrency)
+        _wire_generate(controls, GenerateAnswer(*views[:-1], table, csv_btn, json_btn, views[-1]), baselines, record,
+                       concurrency)
     take_as_sent(controls.gamma, controls.max_new_tokens, controls.temperature, controls.top_p, controls.seed)
 
 
@@ -190,10 +191,11 @@ def _generate_controls(preset0: str, drafters0: list[str]) -> GenerateControls:
 
 
 def _generate_answer(drafters0: list[str]) -> tuple[gr.components.Component, ...]:
-    """The right column: GenerateAnswer's fields up to the per-drafter table."""
+    """The right column: GenerateAnswer's fields up to the per-drafter table, then the lanes."""
     with gr.Column(scale=6, min_width=320, elem_id="answer"):
         empty = _empty_view(drafters0)
         tokens = gr.HTML(empty.tokens_html(""), elem_id="tokens", js_on_load=None)
+        lanes = gr.HTML(lanes_placeholder(viz.LANES_EMPTY), elem_id="lanes", js_on_load=None)
         stats = gr.HTML(viz.stats_html(viz.live_stats([], 0.0)), elem_id="stats", js_on_load=None)
         with gr.Row():
             show_rejected = gr.Checkbox(True, label="Show rejected draft tokens", scale=0, min_width=220)
@@ -212,14 +214,14 @@ def _generate_answer(drafters0: list[str]) -> tuple[gr.components.Component, ...
             with gr.Column(min_width=300):
                 regret_plot = gr.Plot(plot(empty.regret_json()), elem_id="regret", show_label=False)
                 gr.Markdown(text.REGRET_CAPTION, elem_classes="caption")
-    return tokens, stats, show_rejected, auto_base, measure_btn, answer_text, arm_plot, regret_plot
+    return tokens, stats, show_rejected, auto_base, measure_btn, answer_text, arm_plot, regret_plot, lanes
 
 
 def _wire_generate(c: GenerateControls, a: GenerateAnswer, baselines: gr.State, record: gr.State,
                    concurrency: int) -> None:
     gen_inputs = [c.prompt, c.preset, c.drafters, c.policy, c.reward, c.gamma, c.max_new_tokens, c.temperature,
                   c.top_p, c.seed, c.full_info, c.cold, baselines]
-    gen_outputs = [a.tokens, a.arm_plot, a.regret_plot, a.stats, a.table, a.answer_text, record]
+    gen_outputs = [a.tokens, a.arm_plot, a.regret_plot, a.stats, a.table, a.answer_text, record, a.lanes]
     buttons = [c.run_btn, c.stop_btn]
     # Run: the buttons say at once that something runs (no queue round trip), then the stream.
     busy = gr.on([c.run_btn.click, c.prompt.submit], _running, None, buttons, queue=False,
@@ -306,7 +308,7 @@ def build_replay_tab(demo: gr.Blocks, tabs: gr.Tabs, drafters0: list[str]) -> No
     with gr.Tab("Replay", id="replay"):
         gr.Markdown(text.REPLAY_INTRO, elem_classes="compact-md")
         runs = gallery()
-        empty = _empty_view(drafters0)
+        empty = _empty_view(drafters0, "Choose a recorded run and press Play to stream it here (or drag the round slider).")
         with gr.Row(equal_height=False):
             with gr.Column(scale=4, min_width=300):
                 r_name = gr.Dropdown(runs, value=runs[0][1] if runs else None, label="Recorded runs", elem_id="replay-run")
@@ -320,6 +322,8 @@ def build_replay_tab(demo: gr.Blocks, tabs: gr.Tabs, drafters0: list[str]) -> No
                                     elem_id="replay-round")
             with gr.Column(scale=6, min_width=320):
                 r_tokens = gr.HTML(empty.tokens_html(""), elem_id="replay-tokens", js_on_load=None)
+                r_lanes = gr.HTML(lanes_placeholder(viz.LANES_EMPTY.replace("when the answer ends", "with a replayed run")),
+                                  elem_id="replay-lanes", js_on_load=None)
                 r_stats = gr.HTML(viz.stats_html(viz.live_stats([], 0.0)), elem_id="replay-stats", js_on_load=None)
                 with gr.Accordion("The answer as plain text", open=False):
                     r_text = gr.Textbox(label="Answer", lines=4, max_lines=12, interactive=False, buttons=["copy"])
@@ -327,7 +331,7 @@ def build_replay_tab(demo: gr.Blocks, tabs: gr.Tabs, drafters0: list[str]) -> No
                     r_arm = gr.Plot(plot(empty.arm_json()), show_label=False, min_width=300)
                     r_regret = gr.Plot(plot(empty.regret_json()), show_label=False, min_width=300)
                 r_table = gr.DataFrame(viz.drafter_table([], drafters0), label="Per drafter", interactive=False)
-        r_outputs = [r_tokens, r_arm, r_regret, r_stats, r_table, r_text]
+        r_outputs = [r_tokens, r_arm, r_regret, r_stats, r_table, r_text, r_lanes]
         played = r_play.click(replay_view, [r_file, r_name, r_speed], r_outputs, api_name="replay",
                               concurrency_limit=8, concurrency_id="replay", show_progress="hidden")
         played.then(replay_rounds, [r_file, r_name], r_round, api_visibility="private", queue=False)

@@ -613,7 +613,8 @@ _LANES_CSS = (
     "background:linear-gradient(to top,var(--c) calc(var(--v)*100%),#f3f4f6 0)}"
     ".lanes .b{border-left:2px solid #6b7280}"
     ".lanes td.p{box-shadow:inset 0 0 0 2px #111827}"
-    ".lanes td{position:relative}.lanes td:focus::after,.lanes td:hover::after{content:attr(aria-label);position:absolute;left:0;bottom:20px;"
+    ".lanes td{position:relative}.lanes td:focus::after,.lanes td:hover::after{content:attr(aria-label);"
+    "position:absolute;left:0;bottom:20px;"
     "background:#111827;color:#fff;padding:2px 6px;border-radius:4px;white-space:nowrap;z-index:5;font-size:.75rem}"
     ".lanes tbody tr:first-child td:focus::after,.lanes tbody tr:first-child td:hover::after{bottom:auto;top:20px}</style>"
 )
