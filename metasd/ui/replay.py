@@ -141,3 +141,18 @@ def open_link(request: gr.Request):
     if name and name in {n for _, n in gallery()}:
         return gr.Tabs(selected="replay"), gr.update(value=name)
     return gr.skip(), gr.skip()
+
+
+def open_grid_run(runs: list[str], evt: gr.SelectData):
+    """A click on Compare's lanes grid: the Replay tab on that prompt's run (saved by the prompt set), at its
+    last round, lanes and all."""
+    row = evt.index[0] if isinstance(evt.index, list | tuple) else evt.index
+    if not isinstance(row, int) or not 0 <= row < len(runs or []):
+        return (gr.skip(),) * 10
+    path = runs[row]
+    try:
+        n = len(_replay_source(path, "")[0].rounds)
+    except InvalidInput as e:
+        raise refused(e) from None
+    return (gr.Tabs(selected="replay"), gr.update(value=path), gr.update(maximum=n, value=n),
+            *replay_at(path, "", n))

@@ -33,7 +33,7 @@ from metasd.ui.files import write_logs
 from metasd.ui.frames import lanes_placeholder, plot
 from metasd.ui.generate import generate_view, measure_baseline, on_preset, policy_choices, stop_generation
 from metasd.ui.playground import PLAYGROUND_DRAFTERS, run_playground
-from metasd.ui.replay import gallery, open_link, replay_at, replay_rounds, replay_view, stop_replay
+from metasd.ui.replay import gallery, open_grid_run, open_link, replay_at, replay_rounds, replay_view, stop_replay
 
 # ----------------------------------------------------------------------------------------------
 # Helpers of the page
@@ -249,6 +249,11 @@ def _wire_generate(c: GenerateControls, a: GenerateAnswer, baselines: gr.State, 
 # ----------------------------------------------------------------------------------------------
 # Compare
 
+COMPARE_COLUMNS = ["method", "new_tokens", "tokens_per_s", "speedup", "mean_accepted", "acceptance_rate",
+                   "target_calls", "identical_to_target"]
+# Compare's lanes grid opens a prompt's run in Replay: the grid is built in Compare, the link wired in Replay.
+_LINKS: dict[str, Any] = {}
+
 
 def build_compare_tab(preset0: str) -> None:
     """The Compare tab: one prompt side by side, and a prompt set by drafter and task."""
@@ -262,8 +267,8 @@ def build_compare_tab(preset0: str) -> None:
         with gr.Accordion("One prompt, side by side", open=True):
             c_prompt = gr.Textbox(label="Prompt", lines=3, value=EXAMPLES[2]["turns"][0])
             c_btn = gr.Button("Compare drafters on this prompt", variant="primary")
-            c_table = gr.DataFrame(label="Methods (greedy; speed-up against the target alone, measured here)",
-                                   interactive=False)
+            c_table = gr.DataFrame(pd.DataFrame(columns=COMPARE_COLUMNS), interactive=False,
+                                   label="Methods (greedy; speed-up against the target alone, measured here)")
             c_bars = gr.Plot(viz.empty_figure("Speed-up over the target alone", "compare to see the bars"),
                              show_label=False)
             c_views = gr.HTML(js_on_load=None)
@@ -293,7 +298,13 @@ def _prompt_set(c_preset: gr.Dropdown, c_policy: gr.Dropdown, c_tokens: gr.Slide
                                                  "acceptance_rate"]),
                            label="Results (one row per method and prompt)", interactive=False, max_height=320)
     s_csv = gr.DownloadButton("Download results.csv", size="sm", interactive=False)
-    s_btn.click(compare_set, [s_source, s_file, s_per, c_preset, c_policy, c_tokens], [s_heat, s_bars, s_table, s_csv],
+    gr.Markdown(text.LANE_GRID_NOTE, elem_classes="compact-md")
+    s_grid = gr.DataFrame(viz.lane_grid([], []), label=f"Drafter lanes by prompt ({viz.LANE_GRID_NOTE})",
+                          interactive=False, elem_id="lane-grid", max_height=360)
+    s_runs = gr.State([])
+    _LINKS.update(grid=s_grid, runs=s_runs)
+    s_btn.click(compare_set, [s_source, s_file, s_per, c_preset, c_policy, c_tokens],
+                [s_heat, s_bars, s_table, s_csv, s_grid, s_runs],
                 api_name="compare_set", concurrency_limit=1, concurrency_id="compare")
     s_cancel.click(cancel_compare, None, None, api_visibility="private", queue=False)
     return s_per
@@ -340,6 +351,9 @@ def build_replay_tab(demo: gr.Blocks, tabs: gr.Tabs, drafters0: list[str]) -> No
         r_round.input(replay_at, [r_file, r_name, r_round], r_outputs, api_visibility="private",
                       concurrency_limit=8, concurrency_id="replay", trigger_mode="always_last", show_progress="hidden")
         demo.load(open_link, None, [tabs, r_name], api_visibility="private", queue=False)
+        if "grid" in _LINKS:  # a click on a cell of Compare's lanes grid: that prompt's run, here, with its lanes
+            _LINKS["grid"].select(open_grid_run, _LINKS["runs"], [tabs, r_file, r_round, *r_outputs],
+                                  api_visibility="private", concurrency_limit=8, concurrency_id="replay")
     take_as_sent(r_speed, r_round)
 
 
