@@ -2,8 +2,8 @@
 
     .venv/bin/python scripts/record_runs.py [--out assets/runs] [--max-new-tokens 128]
 
-Each run is written as a run file (metasd.core.runfile), named by the example's question_id, so that
-`?run=<question_id>` opens it. The engine runs with the app's torch threading (one thread on 2 cores).
+Each run is written as a run file (metasd.core.runfile), with its drafter lanes (metasd.core.lanes), named by
+the example's question_id, so that `?run=<question_id>` opens it. The engine runs with the app's torch threading (one thread on 2 cores).
 """
 
 from __future__ import annotations
@@ -26,6 +26,7 @@ def main() -> None:
 
     import app
     from metasd.core.engine import run
+    from metasd.core.lanes import lanes_for
     from metasd.core.runfile import run_document
     from metasd.ui import viz
 
@@ -37,9 +38,10 @@ def main() -> None:
                 "temperature": 0.0, "top_p": 1.0, "seed": 0, "full_info": False}
     for ex in tqdm(app.EXAMPLES, desc="recording"):
         rounds, summary = run(bundle, ex["turns"][0], policy=app.PAGE_POLICY, max_new_tokens=a.max_new_tokens)
+        lanes, _ = lanes_for(bundle, summary.prompt, rounds, summary.config)
         doc = run_document(ex["turns"][0], rounds, summary, preset="offline", target=bundle.preset.target,
                            drafters=bundle.default_drafters, colors=viz.drafter_colors(bundle.drafter_names),
-                           settings=settings)
+                           settings=settings, lanes=lanes)
         (out / f"{ex['question_id']}.json").write_text(json.dumps(doc, ensure_ascii=False, separators=(",", ":")),
                                                        encoding="utf-8")
 
