@@ -2,8 +2,9 @@
 
     .venv/bin/python scripts/record_runs.py [--out assets/runs] [--max-new-tokens 128]
 
-Each run is written as a run file (metasd.core.runfile), with its drafter lanes (metasd.core.lanes), named by
-the example's question_id, so that `?run=<question_id>` opens it. The engine runs with the app's torch threading (one thread on 2 cores).
+Each run is written as a run file (metasd.core.runfile), with its drafter lanes (metasd.core.lanes),
+named by the example's question_id, so that `?run=<question_id>` opens it. The engine runs with the app's
+torch threading (one thread on 2 cores).
 """
 
 from __future__ import annotations

@@ -48,6 +48,7 @@ from metasd.ui.frames import (
 from metasd.ui.session import STOPS, RunRecord, session_key
 
 log = logging.getLogger(__name__)
+LANES_STOPPED = "No drafter lanes for a stopped run: they are computed when an answer ends on its own."
 
 
 @gpu
@@ -155,12 +156,15 @@ def _engine_frames(stream: EngineStream, view: viz.LiveView, record: RunRecord,
         if done:
             record = replace(record, rounds=view.rounds, summary=view.summary)
             status = final_status(view.summary) if view.summary else "ended"
+            if view.summary is None or view.summary.stop_reason == "stopped":  # Stop, or the tab closed: no more work
+                yield (*frame(view, record, baselines, status), record, lanes_placeholder(LANES_STOPPED))
+                break
             yield (*frame(view, record, baselines, status), record, gr.skip())
             # The lanes after the answer: its frame is out first, so they never delay it.
             lanes = in_fresh_thread(lambda r=record: run_lanes(r), None if HAS_CUDA else PREFILL_THREADS, "metasd-lanes")
             record = replace(record, lanes=lanes)
-            skip = gr.skip()
-            yield (skip, skip, skip, skip, skip, skip, record,
+            # The final frame again, whole (a caller reading only the last one gets every view), with the lanes.
+            yield (*frame(view, record, baselines, status), record,
                    lanes_view(record.rounds, lanes, view.colors, empty="No drafter lanes for this run (see the server log)."))
             break
         # The tokens go out every frame (appended text); the figures, numbers and table, which are
