@@ -190,3 +190,17 @@ def test_generate_json_writes_lanes():
     n = len(doc["token_ids"])
     assert doc["version"] >= 2 and set(doc["lanes"]) == set(doc["drafters"])
     assert all(len(v) == n and all(0 <= x <= 1 for x in v) for v in doc["lanes"].values())
+
+
+def test_after_the_answer_equals_full_information_with_windowed_drafters():
+    """With full-information feedback the engine scores every drafter live; recomputing every cell after the
+    answer (windowed model drafter and white-box head, whose context is cut) gives the same lanes."""
+    b = tiny_bundle(vocab=32, scale=4.0, white_box=True, window=6, head_window=6)
+    names = b.drafter_names
+    rounds, s = run(b, PROMPT * 2, drafters=names, policy="hedge", max_new_tokens=40, seed=2)
+    live = lanes.live_cells(rounds, names)
+    posthoc = lanes.fill(b, PROMPT * 2, rounds, names, Sampling(0.0, 1.0, 0),
+                         cells={d: [None] * s.new_tokens for d in names})
+    for d in names:
+        pairs = [(x, y) for x, y in zip(live[d], posthoc[d], strict=True) if x is not None]
+        assert len(pairs) > s.new_tokens // 2 and all(x == y for x, y in pairs), d

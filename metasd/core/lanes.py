@@ -11,9 +11,10 @@ Where the cells come from:
   acceptance at each position it drafted, and every drafter the round scored on its chunk: with
   full-information feedback all of them, otherwise the model-free ones (free feedback, microseconds);
 - after the answer ends, for the cells still empty (`fill`): one target pass over prompt + answer (its
-  logits, cache and hidden states), then one teacher-forced `predict` per model drafter over the whole
-  answer, and a round-by-round replay of the model-free ones (their tables and indexes grow as they did
-  live). Live generation never waits for it.
+  logits, cache and hidden states), then each drafter replayed round by round, teacher-forced: a model
+  drafter's cache catches up by each round's tokens only (one incremental pass over the answer; a windowed
+  drafter sees the same recent context as when scored live), a model-free drafter's table or index grows
+  as it did live. Live generation never waits for it.
 
 The pulled drafter's lane agrees with each round by construction on its drafted positions (1 on the
 accepted ones and 0 on the first rejected one in greedy decoding), and, for a drafter whose `predict`
@@ -94,6 +95,11 @@ class TargetPass:
         """The target's logits after positions lo .. hi - 1."""
         return self.logits[lo - self.first : hi - self.first]
 
+    def features(self, d: Drafter, lo: int, hi: int) -> None:
+        """Hand a white-box drafter the target's hidden states at positions lo .. hi - 1, as the engine does
+        after prefill and after each verification (a windowed drafter keeps only the recent ones)."""
+        d.take_features(lo, tuple(h[:, lo:hi] for h in self.hidden), hi - lo)
+
 
 def _prepare(d: Drafter, tp: TargetPass, scaffold: frozenset[int]) -> None:
     """The drafter as the engine's prefill leaves it: reset, scaffold marked, seeded, given features."""
@@ -106,7 +112,7 @@ def _prepare(d: Drafter, tp: TargetPass, scaffold: frozenset[int]) -> None:
         if rows:
             d.seed([prompt[t] for t in rows], tp.logits[[t - tp.first for t in rows]])
     if d.feature_layers and tp.hidden is not None:
-        d.take_features(0, tp.hidden, len(tp.ids) - 1)
+        tp.features(d, 0, tp.n_prompt - 1)
 
 
 def _values(pred: torch.Tensor, truth: list[int], p_rows: torch.Tensor | None) -> list[float]:
@@ -122,31 +128,52 @@ def _values(pred: torch.Tensor, truth: list[int], p_rows: torch.Tensor | None) -
     return torch.minimum(p_rows, pred.float()).sum(-1).tolist()
 
 
-def _model_lane(d: Drafter, tp: TargetPass, s: Sampling, p_rows: torch.Tensor | None) -> list[float]:
-    """A model drafter teacher-forced over the whole answer in one pass."""
-    n = len(tp.ids) - tp.n_prompt
-    d.attach(tp.cache, tp.ids)
-    pred = d.predict(tp.ids, tp.n_prompt, n, s)
-    return _values(pred, tp.ids[tp.n_prompt :], p_rows)
+def _chunks(rounds: Sequence[RoundEvent], d: Drafter) -> list[list[RoundEvent]]:
+    """Consecutive rounds a drafter can predict in one call: a model-free drafter's state changes every round
+    (one round each); a model drafter's prediction is a function of the context alone, so its rounds go
+    together, at most `window` tokens at a time for a windowed one (a longer catch-up would restart it
+    cold, which live scoring never does)."""
+    if d.model_free:
+        return [[ev] for ev in rounds]
+    cap = getattr(d, "window", 0) or 1 << 30
+    out: list[list[RoundEvent]] = []
+    size = 0
+    for ev in rounds:
+        if len(out) > 1 and size + len(ev.emitted) <= cap:  # the first round alone: as it is first scored live
+            out[-1].append(ev)
+            size += len(ev.emitted)
+        else:
+            out.append([ev])
+            size = len(ev.emitted)
+    return out
 
 
 def _replayed_lane(d: Drafter, tp: TargetPass, rounds: Sequence[RoundEvent], s: Sampling,
                    p_rows: torch.Tensor | None) -> list[float]:
-    """A model-free drafter replayed round by round: predict the round's positions with the state it had
-    then, then observe what the target kept (the accepted draft's rows of the target pass)."""
+    """A drafter replayed through the answer, as full-information scoring sees it: given the target's features
+    of the kept positions, it predicts each chunk of rounds teacher-forced, then observes what the target
+    kept in each round (the accepted draft's rows of the target pass). A model drafter's cache catches up by
+    the new tokens only, so the whole answer is one incremental pass; a model-free drafter's table or index
+    grows as it did live."""
     from metasd.drafting.drafters import Verified
 
     out: list[float] = []
     start = tp.n_prompt
-    for ev in rounds:
-        end = start + len(ev.emitted)
+    for chunk in _chunks(rounds, d):
+        end = start + sum(len(ev.emitted) for ev in chunk)
         ids = tp.ids[:end]
-        pred = d.predict(ids, start, len(ev.emitted), s)
+        if d.feature_layers and tp.hidden is not None:
+            tp.features(d, start - 1, end - 1)
+        if not d.model_free:
+            d.attach(tp.cache, ids)
+        pred = d.predict(ids, start, end - start, s)
         rows = None if p_rows is None else p_rows[start - tp.n_prompt : end - tp.n_prompt]
-        out.extend(_values(pred, list(ev.emitted), rows))
-        kept = tp.ids[start - 1 : end - 1]  # the last id and the accepted draft: the rows the target computed
-        d.observe(ids, Verified(start, kept, tp.rows(start - 1, end - 1), list(ev.emitted)))
-        start = end
+        out.extend(_values(pred, tp.ids[start:end], rows))
+        for ev in chunk:
+            stop = start + len(ev.emitted)
+            kept = tp.ids[start - 1 : stop - 1]  # the last id and the accepted draft: the rows the target computed
+            d.observe(tp.ids[:stop], Verified(start, kept, tp.rows(start - 1, stop - 1), list(ev.emitted)))
+            start = stop
     return out
 
 
@@ -166,7 +193,7 @@ def fill(bundle: Bundle, prompt_ids: list[int], rounds: Sequence[RoundEvent], na
         p_rows = None if s.greedy else warp(tp.rows(len(prompt_ids) - 1, len(ids) - 1), s)
         for name, d in zip(todo, arms, strict=True):
             _prepare(d, tp, scaffold)
-            lane = _replayed_lane(d, tp, rounds, s, p_rows) if d.model_free else _model_lane(d, tp, s, p_rows)
+            lane = _replayed_lane(d, tp, rounds, s, p_rows)
             cells[name] = [x if x is not None else lane[j] for j, x in enumerate(cells[name])]
     return {d: [_clip(x) for x in cells[d]] for d in names}
 
