@@ -52,13 +52,18 @@ def round_scores(names: Sequence[str], r: Any) -> dict[str, tuple[float, ...]]:
     return out
 
 
-def live_cells(rounds: Sequence[RoundEvent], names: Sequence[str]) -> Cells:
-    """The cells the events carry, one list per drafter over the emitted tokens; None where not scored live."""
+def live_cells(rounds: Sequence[RoundEvent], names: Sequence[str], greedy: bool = False) -> Cells:
+    """The cells the events carry, one list per drafter over the emitted tokens; None where not scored live.
+    Events without scores (read back from a run file) still give, in greedy decoding, the pulled drafter's
+    outcome on the positions it drafted: 1 on the accepted ones, 0 on the first rejected one."""
     n = sum(len(ev.emitted) for ev in rounds)
     cells: Cells = {d: [None] * n for d in names}
     at = 0
     for ev in rounds:
-        for d, g in ev.scores.items():
+        scores = dict(ev.scores)
+        if not scores and greedy and ev.draft:
+            scores[ev.drafter] = (1.0,) * ev.accepted + ((0.0,) if ev.accepted < len(ev.draft) else ())
+        for d, g in scores.items():
             if d in cells:
                 for j, x in enumerate(g[: len(ev.emitted)]):
                     cells[d][at + j] = x
@@ -214,7 +219,7 @@ def lanes_for(bundle: Bundle, prompt: str | list[int], rounds: Sequence[RoundEve
     names = list(config.get("drafters") or bundle.drafter_names)
     chat = bool(config.get("chat_template", True))
     s = Sampling(float(config.get("temperature", 0.0)), float(config.get("top_p", 1.0)), int(config.get("top_k", 0)))
-    cells = live_cells(rounds, names)
+    cells = live_cells(rounds, names, s.greedy)
     if not post or not missing(cells):
         return {d: [_clip(x) for x in cells[d]] for d in names}, 0.0
     ids = encode_prompt(bundle, prompt, chat)
