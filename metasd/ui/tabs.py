@@ -195,12 +195,13 @@ def _generate_answer(drafters0: list[str]) -> tuple[gr.components.Component, ...
     with gr.Column(scale=6, min_width=320, elem_id="answer"):
         empty = _empty_view(drafters0)
         tokens = gr.HTML(empty.tokens_html(""), elem_id="tokens", js_on_load=None)
-        lanes = gr.HTML(lanes_placeholder(viz.LANES_EMPTY), elem_id="lanes", js_on_load=None)
         stats = gr.HTML(viz.stats_html(viz.live_stats([], 0.0)), elem_id="stats", js_on_load=None)
         with gr.Row():
             show_rejected = gr.Checkbox(True, label="Show rejected draft tokens", scale=0, min_width=220)
             auto_base = gr.Checkbox(True, label="Measure the target alone after each run", scale=0, min_width=300)
             measure_btn = gr.Button("Measure target alone", size="sm", scale=0, min_width=170)
+        # The drafter lanes under the answer and its numbers: where each drafter would have been accepted.
+        lanes = gr.HTML(lanes_placeholder(viz.LANES_EMPTY), elem_id="lanes", js_on_load=None)
         with gr.Accordion("The answer as plain text", open=False):
             answer_text = gr.Textbox(show_label=True, label="Answer", lines=4, max_lines=12, interactive=False,
                                      buttons=["copy"], elem_id="answer-text")

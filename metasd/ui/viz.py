@@ -658,9 +658,9 @@ def lanes_html(rounds: Sequence[RoundEvent], lanes: Mapping[str, Sequence[float]
         share = sum(lane[:n]) / n
         rows.append(f'<tr data-drafter="{_esc(d)}" style="--c:{colors.get(d, TARGET_COLOR)}"><th scope="row">'
                     f'{_esc(d)} <span class="share">{share:.0%}</span></th>{cells}</tr>')
-    key = ("Each row: one drafter, its acceptance probability at every token of the answer given the true text "
-           "before it (fill height; in greedy decoding full or empty). Outlined: the drafter pulled; a dark rule: "
-           "a round's start; % = share of the answer it would have drafted. Hover or Tab to a cell for its number.")
+    key = ("fill = the drafter's acceptance probability at each token, given the true text before it \u00b7 "
+           "outlined = pulled \u00b7 dark rule = a round's start \u00b7 % = share it would have drafted \u00b7 "
+           "hover or Tab to a cell")
     return (_LANES_CSS + f'<div class="lanes-view"><p class="lanes-key"><b>{_esc(title)}</b> \u00b7 {_esc(key)}</p>'
             f'<div class="lanes-scroll" tabindex="0" role="region" aria-label="{_esc(title)}: one row per drafter">'
             f'<table class="lanes"><thead><tr><th scope="row">token</th>{head}</tr></thead><tbody>{"".join(rows)}'
