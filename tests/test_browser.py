@@ -70,6 +70,9 @@ def check_lanes(page, root: str, names: list[str], tokens: int | None = None) ->
     if tokens is not None:
         assert cells.count() == len(names) * tokens
     assert page.locator(f"{root} td.p").count() >= 1, "the pulled drafter's cells are marked"
+    full = page.locator(f"{root} td[style*='--v:1.000']")
+    if full.count():  # a full cell is filled in its drafter's colour
+        assert "gradient" in full.first.evaluate("e => getComputedStyle(e).backgroundImage")
     first = page.locator(f"{root} tr[data-drafter] td").first
     first.focus()
     tip = first.get_attribute("aria-label")
@@ -165,6 +168,8 @@ def test_page_streams_coloured_tokens_and_plots(page):
     # What a projector shows (1280x720): the answer, its numbers and the drafter lanes under them.
     page.evaluate("""() => { const l = document.getElementById('lanes').getBoundingClientRect();
                               window.scrollTo(0, Math.max(0, window.scrollY + l.bottom - window.innerHeight + 8)); }""")
+    # ... scrolled along to the answer's middle, where the drafters part ways
+    page.evaluate("() => { const s = document.querySelector('#lanes .lanes-scroll'); s.scrollLeft = s.scrollWidth * 0.4; }")
     page.wait_for_timeout(400)
     assert page.locator("#lanes tr[data-drafter]").last.bounding_box()["y"] < PROJECTOR["height"]
     SCREENSHOT.parent.mkdir(exist_ok=True)
@@ -391,10 +396,12 @@ def test_a_replayed_gallery_run_and_a_compare_grid_cell_show_lanes(page):
     box.press("Enter")
     page.locator("#compare-run").click()
     grid = page.locator("#lane-grid")
-    expect(grid.get_by_text(re.compile(r"\d+% ")).first).to_be_visible(timeout=300_000)  # the first prompt's row
+    cell = grid.locator("td").filter(has_text=re.compile(r"\d+%"))  # a table cell, not the progress overlay's numbers
+    expect(cell.first).to_be_visible(timeout=300_000)  # the first prompt's row
     page.locator("#compare-cancel").click()
     expect(page.get_by_text(re.compile(r"Cancelled")).first).to_be_visible(timeout=120_000)
-    grid.get_by_text(re.compile(r"\d+% ")).first.click()
+    expect(page.locator("#compare-run")).to_be_enabled(timeout=60_000)
+    cell.first.click()
     expect(page.get_by_role("tab", name="Replay", exact=True)).to_have_attribute("aria-selected", "true", timeout=20_000)
     expect(page.locator("#replay-lanes tr[data-drafter]").first).to_be_visible(timeout=20_000)
     assert page.locator("#replay-lanes tr[data-drafter]").count() >= 2
