@@ -37,7 +37,7 @@ class RoundEvent:
     draft_text: tuple[str, ...]  # text piece of each drafted id, for showing rejected tokens
     # Per arm scored on this round's chunk: its acceptance probability at each emitted position (the pulled
     # arm: its drafted positions). Feeds the drafter lanes (metasd/core/lanes.py); not in run files' rounds.
-    scores: dict[str, tuple[float, ...]] = field(default_factory=dict)
+    scores: dict[str, tuple[float, ...]] = field(default_factory=dict, compare=False)
 
     def to_json(self) -> dict[str, Any]:
         """The round as in the `--json` contract of docs/DESIGN.md §3, plus extra fields."""
