@@ -17,6 +17,7 @@ from metasd.benchmark.bench import add_bench_args, add_priors_args, cmd_priors
 from metasd.core import defaults
 from metasd.core.engine import generate
 from metasd.core.events import Summary
+from metasd.core.lanes import lanes_for
 from metasd.core.runfile import MAX_BYTES, parse_run, run_document
 from metasd.core.validation import InvalidInput
 from metasd.drafting.catalog import describe, measure_costs, save_costs
@@ -108,7 +109,8 @@ def json_document(a: argparse.Namespace, bundle: Any, rounds: list[Any], summary
 
     return run_document(a.prompt, rounds, summary, preset=bundle.preset.name, target=bundle.preset.target,
                         drafters=list(rounds[0].probabilities) if rounds else bundle.default_drafters,
-                        colors=drafter_colors(bundle.drafter_names), settings=summary.config)
+                        colors=drafter_colors(bundle.drafter_names), settings=summary.config,
+                        lanes=lanes_for(bundle, summary.prompt, rounds, summary.config)[0] if rounds else {})
 
 
 def _drafters_args(sub: argparse._SubParsersAction) -> None:

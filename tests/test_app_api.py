@@ -60,8 +60,10 @@ def test_generate_streams_rounds_and_matches_engine(app_url):  # noqa: F811
     final = "".join(parse(updates[-1][0]).out)
     assert final == "".join("".join(ev.emitted_text) for ev in rounds)
     assert final.strip() == summary.text.strip()
-    # frames are bounded by rounds (several rounds per frame when the engine is fast), plus the start and the end
-    assert len(updates) <= len(rounds) + 2
+    # frames are bounded by rounds (several rounds per frame when the engine is fast), plus the start, the end
+    # and the end again with the drafter lanes
+    assert len(updates) <= len(rounds) + 3
+    assert 'data-drafter="' in updates[-1][-1], "the last frame carries the drafter lanes"
 
 
 @pytest.mark.offline_model

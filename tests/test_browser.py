@@ -59,6 +59,28 @@ def set_max_new_tokens(page, n: int) -> None:
     box.press("Enter")
 
 
+def check_lanes(page, root: str, names: list[str], tokens: int | None = None) -> None:
+    """Lanes under an answer: one row per drafter, each naming it, one cell per token; a cell's focus and hover
+    give drafter, token and number; its fill height (the second channel) is its number."""
+    rows = page.locator(f"{root} tr[data-drafter]")
+    assert sorted(rows.evaluate_all("els => els.map(e => e.dataset.drafter)")) == sorted(names)
+    for n in names:
+        assert n in page.locator(f"{root} tr[data-drafter='{n}'] th").inner_text()
+    cells = page.locator(f"{root} tr[data-drafter] td")
+    if tokens is not None:
+        assert cells.count() == len(names) * tokens
+    assert page.locator(f"{root} td.p").count() >= 1, "the pulled drafter's cells are marked"
+    full = page.locator(f"{root} td[style*='--v:1.000']")
+    if full.count():  # a full cell is filled in its drafter's colour
+        assert "gradient" in full.first.evaluate("e => getComputedStyle(e).backgroundImage")
+    first = page.locator(f"{root} tr[data-drafter] td").first
+    first.focus()
+    tip = first.get_attribute("aria-label")
+    assert re.search(r"token 1 .*: [01]\.\d\d", tip) and any(tip.startswith(n) for n in names), tip
+    shown = page.evaluate(f"() => getComputedStyle(document.querySelector('{root} tr[data-drafter] td'), '::after').content")
+    assert "token 1" in shown, shown
+
+
 def wait_idle(page, timeout_ms: int = 180_000) -> None:
     """The run and what follows it (logs, the target-alone measurement) are over: Run is enabled again
     and the stat cards say whether the speed-up was measured."""
@@ -90,6 +112,8 @@ def test_page_streams_coloured_tokens_and_plots(page):
     # Tokens stream in, coloured by drafter; the run ends with a summary line.
     expect(page.locator("#tokens .tok.acc").first).to_be_visible(timeout=120_000)
     expect(page.locator("#tokens .tok-status")).to_contain_text("done", timeout=180_000)
+    # The drafter lanes follow the answer's end within 2 s: one row per drafter of the request, each naming it.
+    expect(page.locator("#lanes tr[data-drafter]").first).to_be_visible(timeout=2_000)
     expect(page.locator("#stop")).to_be_disabled(timeout=10_000)
 
     legend = page.locator("#tokens .tok-legend .chip[data-drafter]")
@@ -124,6 +148,7 @@ def test_page_streams_coloured_tokens_and_plots(page):
         page.get_by_label("Show rejected draft tokens").check()
         expect(page.locator("#tokens .tok.rej").first).to_be_visible()
 
+    check_lanes(page, "#lanes", names, len(page.locator("#tokens .tok.acc, #tokens .tok.tgt").all()))
     # Both plots render as plotly SVG with their traces.
     for pid in ("arm-probabilities", "regret"):
         expect(page.locator(f"#{pid} .js-plotly-plot .main-svg").first).to_be_visible(timeout=30_000)
@@ -140,10 +165,15 @@ def test_page_streams_coloured_tokens_and_plots(page):
 
     wait_idle(page)
     page.mouse.move(0, 0)
-    page.evaluate("window.scrollTo(0, 0)")
+    # What a projector shows (1280x720): the answer, its numbers and the drafter lanes under them.
+    page.evaluate("""() => { const l = document.getElementById('lanes').getBoundingClientRect();
+                              window.scrollTo(0, Math.max(0, window.scrollY + l.bottom - window.innerHeight + 8)); }""")
+    # ... scrolled along to the answer's middle, where the drafters part ways
+    page.evaluate("() => { const s = document.querySelector('#lanes .lanes-scroll'); s.scrollLeft = s.scrollWidth * 0.4; }")
     page.wait_for_timeout(400)
+    assert page.locator("#lanes tr[data-drafter]").last.bounding_box()["y"] < PROJECTOR["height"]
     SCREENSHOT.parent.mkdir(exist_ok=True)
-    page.screenshot(path=str(SCREENSHOT))  # what a projector shows: 1280x720, the first screen
+    page.screenshot(path=str(SCREENSHOT))
     assert SCREENSHOT.stat().st_size > 20_000
     assert not page.js_errors, page.js_errors
 
@@ -230,9 +260,16 @@ def test_no_serious_accessibility_findings_on_any_tab(page):
     expect(page.locator("#tokens .tok-status")).to_be_visible(timeout=120_000)
     wait_idle(page)
     findings["Generate"] = serious()
+    expect(page.locator("#lanes tr[data-drafter]").first).to_be_visible(timeout=10_000)
     for tab in ("Compare", "Replay", "Bandit playground"):
         page.get_by_role("tab", name=tab, exact=True).click()
         page.wait_for_timeout(2500)
+        if tab == "Replay":  # a replayed run, with its lanes
+            page.locator("#replay-speed input[type=number]").fill("64")
+            page.locator("#replay-speed input[type=number]").press("Enter")
+            page.locator("#replay-play").click()
+            expect(page.locator("#replay-tokens .tok-status")).to_contain_text("done", timeout=60_000)
+            expect(page.locator("#replay-lanes tr[data-drafter]").first).to_be_visible(timeout=10_000)
         findings[tab] = serious()
     assert not any(findings.values()), findings
 
@@ -329,3 +366,44 @@ def test_a_link_opens_a_recorded_run_and_replays_it(browser, app_url):  # noqa: 
         assert pg.locator("#replay-tokens .tok").count() < done
     finally:
         ctx.close()
+
+
+@pytest.mark.timeout(600)
+def test_a_replayed_gallery_run_and_a_compare_grid_cell_show_lanes(page):
+    """A gallery run replays with its lanes; Compare's prompt set fills the lanes grid, and a click on one of
+    its cells opens that prompt's run in Replay, lanes and all."""
+    import json
+
+    from playwright.sync_api import expect
+
+    page.get_by_role("tab", name="Replay", exact=True).click()
+    # Its empty view names its own button (Play, not Run).
+    expect(page.locator("#replay-tokens .tok-flow")).to_have_attribute("data-empty", re.compile("press Play"))
+    page.locator("#replay-speed input[type=number]").fill("64")
+    page.locator("#replay-speed input[type=number]").press("Enter")
+    page.locator("#replay-play").click()
+    expect(page.locator("#replay-tokens .tok-status")).to_contain_text("done", timeout=60_000)
+    name = page.locator("#replay-run input").input_value()
+    doc = json.loads((SCREENSHOT.parent / "runs" / f"{re.search(r'ex-[a-z]+-[0-9]+', name).group(0)}.json").read_text())
+    check_lanes(page, "#replay-lanes", list(doc["lanes"]), len(doc["token_ids"]))
+
+    page.get_by_role("tab", name="Compare", exact=True).click()
+    expect(page.locator("#compare-run")).to_be_visible()
+    head = page.locator("table").first.locator("th").all_inner_texts()
+    assert not any(h.strip() in ("1", "2", "3") for h in head), head  # the empty table names its columns
+    box = page.locator("#compare-max-new-tokens input[type=number]")
+    box.fill("8")
+    box.press("Enter")
+    page.locator("#compare-run").click()
+    grid = page.locator("#lane-grid")
+    cell = grid.locator("td:visible").filter(has_text=re.compile(r"\d+%"))  # a shown cell, not the progress overlay
+    expect(cell.first).to_be_visible(timeout=300_000)  # the first prompt's row
+    page.locator("#compare-cancel").click()
+    expect(page.get_by_text(re.compile(r"Cancelled")).first).to_be_visible(timeout=120_000)
+    expect(page.locator("#compare-run")).to_be_enabled(timeout=60_000)
+    cell.first.click()
+    expect(page.get_by_role("tab", name="Replay", exact=True)).to_have_attribute("aria-selected", "true", timeout=20_000)
+    expect(page.locator("#replay-lanes tr[data-drafter]").first).to_be_visible(timeout=20_000)
+    assert page.locator("#replay-lanes tr[data-drafter]").count() >= 2
+    expect(page.locator("#replay-tokens .tok-status")).to_contain_text("done", timeout=10_000)
+    assert not page.js_errors, page.js_errors

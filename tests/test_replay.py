@@ -88,7 +88,7 @@ def test_replay_ends_on_exactly_the_live_token_view(tmp_path):
     app.get_bundle("offline")
     prompt = app.EXAMPLES[8]["turns"][0]
     live = list(app.generate_view(prompt, "offline", None, app.PAGE_POLICY, max_new_tokens=48))
-    record = live[-1][-1]
+    record = live[-1][6]
     _, js = app.write_logs(record)
     replayed = list(app.replay_view(js["value"], "", 64.0))
     assert replayed[-1][0] == live[-1][0], "the replay's final token view differs from the live one"

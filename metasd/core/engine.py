@@ -21,6 +21,7 @@ from transformers import DynamicCache
 
 from metasd.bandits.policies import Choice, make_policy
 from metasd.bandits.priors import Priors, load_priors
+from metasd.core import lanes
 from metasd.core.costs import EXTRA_ID_PRIOR, EXTRA_ID_PRIOR_PACKED, VerifyCost, best_length, expected_accepted, reward
 from metasd.core.events import DrafterStats, Event, RoundEvent, Summary
 from metasd.core.sampling import Sampling, Verdict, verify, warp
@@ -197,6 +198,7 @@ class Round:
     hit_eos: bool = False
     reward: float = 0.0  # the pulled arm's own reward
     rewards: list[float | None] = field(default_factory=list)  # what the policy learns from, per arm
+    scores: dict[int, list[float]] = field(default_factory=dict)  # per-position acceptance, per scored arm (lanes)
 
 
 class Request:
@@ -386,6 +388,7 @@ class Request:
         p_rows = None if self.s.greedy or not scored else warp(r.logits[:m], self.s)
         for i in scored:
             g = (r.verdict.beta + [0.0] * m)[:m] if i == r.arm else self._teacher_forced(i, r, m, p_rows)
+            r.scores[i] = g
             # Had it drafted, it would have proposed up to gamma ids: charge that verification.
             r.rewards[i] = self._reward(g, m, self.arms[i].ms_per_token * self.st.gamma, self.st.gamma + 1)
             tokens_i = 1 + expected_accepted(g)
@@ -453,7 +456,7 @@ class Request:
             probabilities=dict(zip(self.names, r.choice.probabilities, strict=True)), regret=max(self.regret, 0.0),
             regret_measured=self.st.full_info, draft_ms=1000 * drafted, verify_ms=1000 * clock["verify"],
             overhead_ms=1000 * overhead, new_tokens=self.new_tokens, emitted_text=tuple(text),
-            draft_text=tuple(draft_text),
+            draft_text=tuple(draft_text), scores=lanes.round_scores(self.names, r),
         )
 
     def summary(self) -> Summary:

@@ -35,10 +35,14 @@ class RoundEvent:
     new_tokens: int  # total generated so far, after this round
     emitted_text: tuple[str, ...]  # text piece of each emitted id (may be "" mid-character)
     draft_text: tuple[str, ...]  # text piece of each drafted id, for showing rejected tokens
+    # Per arm scored on this round's chunk: its acceptance probability at each emitted position (the pulled
+    # arm: its drafted positions). Feeds the drafter lanes (metasd/core/lanes.py); not in run files' rounds.
+    scores: dict[str, tuple[float, ...]] = field(default_factory=dict, compare=False)
 
     def to_json(self) -> dict[str, Any]:
         """The round as in the `--json` contract of docs/DESIGN.md §3, plus extra fields."""
         d = asdict(self)
+        d.pop("scores")  # the run file carries the lanes whole, at the top level
         for key in ("draft", "emitted", "p_draft", "q_draft", "accept_prob", "emitted_text", "draft_text"):
             d[key] = list(d[key])
         return d

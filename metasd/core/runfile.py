@@ -41,7 +41,7 @@ from metasd.core.validation import (
 )
 
 FORMAT = "metasd-run"
-VERSION = 1
+VERSION = 2  # 2: `lanes` (metasd/core/lanes.py); version 1 files load without them
 MAX_BYTES = RUN_MAX_BYTES  # the bounds live in metasd.core.validation, stated once
 MAX_ROUNDS = RUN_MAX_ROUNDS
 # What the token view spends per token besides its text and its drafter's name (tags, classes, the hover
@@ -63,8 +63,9 @@ def versions() -> dict[str, str]:
 
 def run_document(prompt: str, rounds: Sequence[RoundEvent], summary: Summary | None, *, preset: str = "",
                  target: str = "", drafters: Sequence[str] = (), colors: Mapping[str, str] | None = None,
-                 settings: Mapping[str, Any] | None = None) -> dict[str, Any]:
-    """The run file: the `generate --json` object plus what a replay needs."""
+                 settings: Mapping[str, Any] | None = None,
+                 lanes: Mapping[str, Sequence[float]] | None = None) -> dict[str, Any]:
+    """The run file: the `generate --json` object plus what a replay needs (and the drafter lanes)."""
     text = summary.text if summary else "".join("".join(ev.emitted_text) for ev in rounds)
     return {
         "prompt": prompt,
@@ -81,6 +82,7 @@ def run_document(prompt: str, rounds: Sequence[RoundEvent], summary: Summary | N
         "colors": dict(colors or {}),
         "settings": dict(settings or {}),
         "software": versions(),
+        "lanes": {d: [round(float(x), 4) for x in lane] for d, lane in (lanes or {}).items()},
     }
 
 
@@ -96,9 +98,11 @@ class Replay:
     drafters: list[str]
     colors: dict[str, str]
     settings: dict[str, Any] = field(default_factory=dict)
+    lanes: dict[str, list[float]] = field(default_factory=dict)  # empty for version 1 files
 
 
-_ROUND_TYPES: dict[str, Any] = {f.name: f.type for f in fields(RoundEvent)}
+# Every round field a run file must have (`scores` is the engine's, for the lanes: not in rounds).
+_ROUND_TYPES: dict[str, Any] = {f.name: f.type for f in fields(RoundEvent) if f.name != "scores"}
 
 
 def _num(x: Any, what: str, lo: float = -1e12, hi: float = 1e12) -> float:
@@ -351,7 +355,7 @@ def parse_run(data: bytes | str) -> Replay:
             raise InvalidInput(f"the run file needs its {k} (text of at most {RUN_MAX_TEXT_CHARS:,} characters)")
     events = [_round(i, r) for i, r in enumerate(rounds)]
     drafters, colors = _names_and_colors(doc, events)
-    check_lanes(doc.get("lanes"), {*drafters, *(ev.drafter for ev in events)}, sum(len(ev.emitted) for ev in events))
+    lanes = check_lanes(doc.get("lanes"), {*drafters, *(ev.drafter for ev in events)}, sum(len(ev.emitted) for ev in events))
     limit = RENDER_FACTOR * size + RENDER_FLOOR
     if rendered_bytes(events) > limit:
         raise InvalidInput(f"the run file would render to more than {limit:,} bytes of token view "
@@ -362,4 +366,5 @@ def parse_run(data: bytes | str) -> Replay:
     return Replay(prompt=doc["prompt"], rounds=events, summary=_summary(doc), preset=labels["preset"],
                   target=labels["target"], drafters=drafters, colors=colors,
                   settings=_small_object(doc.get("settings") if isinstance(doc.get("settings"), dict) else None,
-                                         "settings"))
+                                         "settings"),
+                  lanes=lanes)

@@ -3,6 +3,7 @@ the same run, on one prompt (/compare) or a prompt set (/compare_set), and the s
 
 from __future__ import annotations
 
+import json
 import threading
 import time
 from collections.abc import Iterator
@@ -13,6 +14,8 @@ import pandas as pd
 
 from metasd.bandits.policies import single_drafter, single_method
 from metasd.core.engine import collect, generate
+from metasd.core.lanes import lanes_for
+from metasd.core.runfile import run_document
 from metasd.core.streaming import in_fresh_thread, with_threads
 from metasd.core.validation import (
     COMPARE_MAX_WORK,
@@ -82,6 +85,26 @@ def _method_runs(bundle: Bundle, prompt: str, methods: list[str], max_new_tokens
     return out, base_tps, ids
 
 
+def _lanes_of(bundle: Bundle, prompt: str, rounds: list[Any], summary: Any) -> dict[str, list[float]]:
+    """A run's drafter lanes (metasd.core.lanes), computed with the model held, in a thread of its own."""
+    if not rounds:
+        return {}
+    with MODEL.hold():
+        lanes, _ = in_fresh_thread(lambda: lanes_for(bundle, prompt, rounds, summary.config), THREADS[0], "metasd-lanes")
+    return lanes
+
+
+def _run_file(bundle: Bundle, prompt: str, rounds: list[Any], summary: Any, lanes: dict[str, list[float]],
+              stem: str) -> str:
+    """The run saved as a run file in the app's private temp dir, for Replay to open."""
+    doc = run_document(prompt, rounds, summary, preset=bundle.preset.name, target=bundle.preset.target,
+                       drafters=list(rounds[0].probabilities), colors=viz.drafter_colors(bundle.drafter_names),
+                       settings=summary.config, lanes=lanes)
+    path = private_stem("lanes", stem).with_suffix(".json")
+    path.write_text(json.dumps(doc, ensure_ascii=False, separators=(",", ":")), encoding="utf-8")
+    return str(path)
+
+
 def cancel_compare(request: gr.Request = None) -> None:
     """Cancel: the session's Compare run ends before its next run, keeping the results so far."""
     STOPS.signal(compare_key(request))
@@ -117,9 +140,11 @@ def compare_prompt(prompt: str, preset: str, policy: str, max_new_tokens: int,
     cells = []
     for m, (rounds, s) in runs.items():
         rows.append(viz.method_row(m, s, base_tps, list(s.token_ids) == ref[: len(s.token_ids)], "this prompt"))
+        lanes = _lanes_of(bundle, prompt, rounds, s)  # every method's lanes, side by side
         cells.append(f"<div><h4>{viz._esc(m)} \u2014 {s.tokens_per_s:.1f} tok/s, "
                      f"{s.tokens_per_s / base_tps:.2f}\u00d7</h4>"
-                     f"{viz.token_html(rounds, colors, legend=False)}</div>")
+                     f"{viz.token_html(rounds, colors, legend=False)}"
+                     f"{viz.lanes_html(rounds, lanes, colors, title=f'Lanes of {m}')}</div>")
     df = pd.DataFrame(rows)
     grid = viz.legend_html(colors) + '<div class="cmp-grid">' + "".join(cells) + "</div>"
     shown = df[["method", "new_tokens", "tokens_per_s", "speedup", "mean_accepted", "acceptance_rate", "target_calls",
@@ -139,8 +164,8 @@ def compare_set(source: str, upload: Any, per_category: int, preset: str, policy
     key = compare_key(request)
     STOPS.start(key, cancel)
     try:
-        rows, cancelled_at = yield from _run_set(bundle, items, _methods(bundle, policy), max_new_tokens, progress,
-                                                 cancel, colors)
+        rows, cancelled_at, grid = yield from _run_set(bundle, items, _methods(bundle, policy), max_new_tokens,
+                                                       progress, cancel, colors)
     finally:
         STOPS.end(key, cancel)
     if not rows:
@@ -152,7 +177,14 @@ def compare_set(source: str, upload: Any, per_category: int, preset: str, policy
     prune_tmp()
     path = private_stem("compare", preset).with_suffix(".csv")
     safe_csv(df, path)  # question ids and categories are the visitor's text
-    yield viz.acceptance_heatmap(df), viz.speedup_bars(df, colors), df, gr.update(value=str(path), interactive=True)
+    yield (viz.acceptance_heatmap(df), viz.speedup_bars(df, colors), df, gr.update(value=str(path), interactive=True),
+           *_grid_out(grid, bundle))
+
+
+def _grid_out(grid: list[dict[str, Any]], bundle: Bundle) -> tuple[pd.DataFrame, list[str]]:
+    """The prompts x drafters lanes grid and, per row, the run file Replay opens on a click."""
+    names = list(dict.fromkeys(d for g in grid for d in g["lanes"])) or bundle.default_drafters
+    return viz.lane_grid(grid, names), [g["path"] for g in grid]
 
 
 def _prompt_set(bundle: Bundle, source: str, upload: Any, per_category: Any, policy: str,
@@ -193,6 +225,7 @@ def _run_set(bundle: Bundle, items: list[dict[str, Any]], methods: list[str], ma
     the rows and, if cancelled, at which prompt. A prompt the engine refuses is skipped with a warning."""
     per = len(methods) + 1
     rows: list[dict[str, Any]] = []
+    grid: list[dict[str, Any]] = []  # per prompt: the bandit's run's lanes and its run file
     started = time.perf_counter()
     for k, it in enumerate(items):
         try:
@@ -203,13 +236,21 @@ def _run_set(bundle: Bundle, items: list[dict[str, Any]], methods: list[str], ma
             gr.Warning(f"Skipped {it['question_id']}: {e}")
             continue
         except Cancelled:
-            return rows, k
+            return rows, k, grid
         except Exception as e:
             raise failure(e) from None
         for m, (_, s) in runs.items():
             rows.append(viz.method_row(m, s, base_tps, list(s.token_ids) == ref[: len(s.token_ids)],
                                        it["category"], it["question_id"]))
+        grid.append(_grid_row(bundle, it, *runs[methods[-1]]))
         if k + 1 < len(items):  # the results so far, while the rest runs
             df = pd.DataFrame(rows)
-            yield viz.acceptance_heatmap(df), viz.speedup_bars(df, colors), df, gr.skip()
-    return rows, None
+            yield viz.acceptance_heatmap(df), viz.speedup_bars(df, colors), df, gr.skip(), *_grid_out(grid, bundle)
+    return rows, None, grid
+
+
+def _grid_row(bundle: Bundle, item: dict[str, Any], rounds: list[Any], summary: Any) -> dict[str, Any]:
+    """One prompt of the grid: the bandit's run (all of the request's drafters) with its lanes, saved."""
+    lanes = _lanes_of(bundle, item["prompt"], rounds, summary)
+    path = _run_file(bundle, item["prompt"], rounds, summary, lanes, str(item["question_id"]))
+    return {"question_id": item["question_id"], "category": item["category"], "lanes": lanes, "path": path}

@@ -79,7 +79,7 @@ def write_logs(record: RunRecord | None):
                        target=PRESETS[record.preset].target if record.preset in PRESETS else "",
                        drafters=record.drafters or list(record.rounds[0].probabilities),
                        colors=viz.drafter_colors(record.all_drafters or list(record.rounds[0].probabilities)),
-                       settings=record.settings)
+                       settings=record.settings, lanes=record.lanes)
     stem.with_suffix(".json").write_text(json.dumps(obj, ensure_ascii=False, indent=1), encoding="utf-8")
     return (gr.update(value=str(stem.with_suffix(".csv")), interactive=True),
             gr.update(value=str(stem.with_suffix(".json")), interactive=True))

@@ -4,11 +4,14 @@ arm probabilities, regret, the numbers, the per-drafter table and the plain text
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping, Sequence
 from typing import Any
 
+import gradio as gr
 from gradio.components.plot import PlotData
 
-from metasd.core.events import Summary
+from metasd.core.events import RoundEvent, Summary
+from metasd.core.lanes import live_cells
 from metasd.ui import viz
 from metasd.ui.session import RunRecord
 
@@ -52,3 +55,28 @@ def final_status(s: Summary) -> str:
     start = f"; the bandit started from the preset's priors ({w:g} pseudo-rounds per arm)" if w else ""
     return (f"done: {s.new_tokens} tokens, {s.target_calls} target calls, {s.tokens_per_s:.1f} tokens/s "
             f"(engine clock), stopped by {s.stop_reason}{start}")
+
+
+# ---- drafter lanes (metasd/core/lanes.py) ------------------------------------------------------
+
+LANES_PENDING = "Drafter lanes: computed when the answer ends (one teacher-forced pass per model drafter)."
+
+
+def lanes_placeholder(text: str = LANES_PENDING) -> str:
+    return viz.lanes_html([], {}, {}, empty=text)
+
+
+def lanes_view(rounds: Sequence[RoundEvent], lanes: Mapping[str, Sequence[float]], colors: Mapping[str, str],
+               empty: str = viz.LANES_EMPTY) -> str:
+    """The lanes block under an answer (Generate's #lanes, Replay's #replay-lanes)."""
+    return viz.lanes_html(rounds, lanes, colors, empty=empty)
+
+
+def live_lanes(rounds: Sequence[RoundEvent], record: RunRecord, colors: Mapping[str, str]) -> Any:
+    """While streaming with full-information feedback, the lanes as the engine scores them (a cell it has not
+    scored yet shows empty until the end); otherwise nothing to update."""
+    if not record.settings.get("full_info") or not rounds:
+        return gr.skip()
+    names = record.drafters or list(rounds[0].probabilities)
+    cells = live_cells(rounds, names)
+    return viz.lanes_html(rounds, {d: [x or 0.0 for x in lane] for d, lane in cells.items()}, colors)

@@ -3,6 +3,7 @@ alone for the speed-up, and switch presets."""
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from collections.abc import Iterator
@@ -14,8 +15,9 @@ import gradio as gr
 from metasd.bandits.policies import POLICIES, single_method
 from metasd.core import defaults
 from metasd.core.engine import encode_prompt, generate
+from metasd.core.lanes import lanes_for
 from metasd.core.numerics import first_divergence
-from metasd.core.streaming import EngineStream, on_event_loop
+from metasd.core.streaming import EngineStream, in_fresh_thread, on_event_loop
 from metasd.core.validation import InvalidInput, clean_prompt
 from metasd.models.loading import Bundle
 from metasd.models.presets import DEFAULT_PRESET, PRESETS
@@ -33,8 +35,21 @@ from metasd.ui.config import (
     gpu,
 )
 from metasd.ui.errors import failure, refused
-from metasd.ui.frames import STREAM_PLACEHOLDER, baseline_key, final_status, frame, plot, stats
+from metasd.ui.frames import (
+    STREAM_PLACEHOLDER,
+    baseline_key,
+    final_status,
+    frame,
+    lanes_placeholder,
+    lanes_view,
+    live_lanes,
+    plot,
+    stats,
+)
 from metasd.ui.session import STOPS, RunRecord, session_key
+
+log = logging.getLogger(__name__)
+LANES_STOPPED = "No drafter lanes for a stopped run: they are computed when an answer ends on its own."
 
 
 @gpu
@@ -46,7 +61,8 @@ def generate_view(prompt: str, preset: str = DEFAULT_PRESET, drafters: list[str]
     """Stream a generation. The engine runs at full speed in its own worker (metasd.core.streaming); the page
     draws the latest state at most FRAME_FPS times a second (figures and table at most every
     PLOT_INTERVAL_S) and always ends on one complete final frame. Outputs: token view, arm
-    probabilities, regret, numbers, per-drafter table, the answer as plain text, the run record."""
+    probabilities, regret, numbers, per-drafter table, the answer as plain text, the run record, the drafter
+    lanes (live with full information, else within a second or two of the answer's end)."""
     bundle = bundle_for(preset)
     names = bundle.drafter_names
     drafters = _drafters_asked(names, drafters)
@@ -111,7 +127,7 @@ def _stream(events: Iterator[Any], stop: threading.Event, view: viz.LiveView, re
             stream = start()
         note = ("starting: prefill ..." if held else
                 "waiting for the model: another user's Compare run has it for one more step ...")
-        yield (*frame(view, record, baselines, None, note), None)
+        yield (*frame(view, record, baselines, None, note), None, lanes_placeholder())
         if not held:
             MODEL.acquire()
             held = True
@@ -160,18 +176,42 @@ def _engine_frames(stream: EngineStream, view: viz.LiveView, record: RunRecord,
         if done:
             record = replace(record, rounds=view.rounds, summary=view.summary)
             status = final_status(view.summary) if view.summary else "ended"
-            yield (*frame(view, record, baselines, status), record)
+            if view.summary is None or view.summary.stop_reason == "stopped":  # Stop, or the tab closed: no more work
+                yield (*frame(view, record, baselines, status), record, lanes_placeholder(LANES_STOPPED))
+                break
+            yield (*frame(view, record, baselines, status), record, gr.skip())
+            # The lanes after the answer: its frame is out first, so they never delay it.
+            lanes = in_fresh_thread(lambda r=record: run_lanes(r), None if HAS_CUDA else PREFILL_THREADS, "metasd-lanes")
+            record = replace(record, lanes=lanes)
+            # The final frame again, whole (a caller reading only the last one gets every view), with the lanes.
+            yield (*frame(view, record, baselines, status), record,
+                   lanes_view(record.rounds, lanes, view.colors, empty="No drafter lanes for this run (see the server log)."))
             break
         # The tokens go out every frame (appended text); the figures, numbers and table, which are
         # re-sent whole, at most every PLOT_INTERVAL_S, and less often as they grow.
         skip = gr.skip()
-        slow: tuple[Any, ...] = (skip, skip, skip, skip)
+        slow: tuple[Any, ...] = (skip, skip, skip, skip, skip)
         if t_frame - plotted_at >= PLOT_INTERVAL_S * (1 + len(view.rounds) / 100) and len(view.rounds) != plotted_rounds:
             note = f"round {len(view.rounds)} \u00b7 {view.new_tokens} tokens \u00b7 streaming ..."
-            slow = (plot(view.arm_json()), plot(view.regret_json()), stats(view, record, baselines, note), view.table())
+            slow = (plot(view.arm_json()), plot(view.regret_json()), stats(view, record, baselines, note), view.table(),
+                    live_lanes(view.rounds, record, view.colors))  # with full information: live
             plotted_at, plotted_rounds = t_frame, len(view.rounds)
-        yield (view.tokens_html(), *slow, view.text(), skip)
+        yield (view.tokens_html(), *slow[:4], view.text(), skip, slow[4])
         stream.frame_cost(time.perf_counter() - t_frame)
+
+
+def run_lanes(record: RunRecord) -> dict[str, list[float]]:
+    """The finished run's drafter lanes: live cells where the engine scored them, the rest teacher-forced now
+    (the model is still held by this request)."""
+    if not record.rounds or record.summary is None:
+        return {}
+    try:
+        lanes, secs = lanes_for(bundle_for(record.preset), record.summary.prompt, record.rounds, record.summary.config)
+    except Exception:  # the answer stands without its lanes; the log keeps why
+        log.exception("drafter lanes failed")
+        return {}
+    log.info("lanes: %d tokens x %d drafters in %.0f ms", record.summary.new_tokens, len(lanes), 1000 * secs)
+    return lanes
 
 
 def stop_generation(request: gr.Request = None) -> None:

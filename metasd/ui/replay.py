@@ -17,7 +17,7 @@ from metasd.ui import viz
 from metasd.ui.config import ASSETS, EXAMPLES, FRAME_FPS, task_title
 from metasd.ui.errors import failure, refused
 from metasd.ui.files import read_upload
-from metasd.ui.frames import STREAM_PLACEHOLDER, final_status, frame
+from metasd.ui.frames import STREAM_PLACEHOLDER, final_status, frame, lanes_view
 from metasd.ui.session import STOPS, RunRecord, replay_key
 
 RUNS_DIR = ASSETS / "runs"
@@ -83,6 +83,14 @@ def _replay_note(run: Replay, label: str) -> str:
             f"(engine clock), not this machine's.")
 
 
+NO_LANES = "This run file has no drafter lanes (recorded before run-file version 2)."
+
+
+def _lanes(run: Replay, view: viz.LiveView) -> str:
+    """The recorded lanes, up to the tokens the replay has shown."""
+    return lanes_view(view.rounds, run.lanes, view.colors, empty=NO_LANES if not run.lanes else viz.LANES_EMPTY)
+
+
 def _round_s(ev: Any) -> float:
     """How long a recorded round took on the engine's clock."""
     return (ev.draft_ms + ev.verify_ms + ev.overhead_ms) / 1000.0
@@ -114,14 +122,14 @@ def replay_view(run_file: Any = None, name: str = "", speed: float = 2.0, reques
     note = _replay_note(run, label) + (f" Played at {pace:.2g}\u00d7 (a replay lasts at most {REPLAY_MAX_S:.0f} s)."
                                         if pace > speed else "")
     try:
-        yield frame(view, record, None, None, note)
+        yield (*frame(view, record, None, None, note), _lanes(run, view))
         yield from _replay_frames(run, view, pace, stop)
         if len(view.rounds) == len(run.rounds) and run.summary is not None:
             view.add(run.summary, run.summary.wall_s)
             status = final_status(run.summary)  # exactly the status line the live run ended on
         else:
             status = f"replay stopped at round {len(view.rounds)} of {len(run.rounds)}"
-        yield frame(view, record, None, status, note)
+        yield (*frame(view, record, None, status, note), _lanes(run, view))
     finally:
         STOPS.end(key, stop)
 
@@ -129,6 +137,7 @@ def replay_view(run_file: Any = None, name: str = "", speed: float = 2.0, reques
 def _replay_frames(run: Replay, view: viz.LiveView, pace: float, stop: threading.Event):
     """The rounds at their recorded pace (each wait at most REPLAY_MAX_S, and the whole replay too)."""
     t0, clock, shown = time.perf_counter(), 0.0, -1.0
+    laned = t0
     for ev in run.rounds:
         if stop.is_set():
             break
@@ -139,7 +148,10 @@ def _replay_frames(run: Replay, view: viz.LiveView, pace: float, stop: threading
         view.add(ev, clock)
         if time.perf_counter() - shown >= 1.0 / FRAME_FPS:
             shown = time.perf_counter()
-            yield (view.tokens_html(), gr.skip(), gr.skip(), gr.skip(), gr.skip(), view.text())
+            lanes = gr.skip()
+            if shown - laned >= 1.0:  # the lanes (a larger block) once a second
+                lanes, laned = _lanes(run, view), shown
+            yield (view.tokens_html(), gr.skip(), gr.skip(), gr.skip(), gr.skip(), view.text(), lanes)
 
 
 def replay_at(run_file: Any, name: str, k: Any):
@@ -158,7 +170,8 @@ def replay_at(run_file: Any, name: str, k: Any):
     if k == len(run.rounds) and run.summary is not None:
         view.add(run.summary, run.summary.wall_s)
         status = final_status(run.summary)
-    return frame(view, record, None, status if status else f"round {k} of {len(run.rounds)}", _replay_note(run, label))
+    return (*frame(view, record, None, status if status else f"round {k} of {len(run.rounds)}", _replay_note(run, label)),
+            _lanes(run, view))
 
 
 def replay_rounds(run_file: Any, name: str):
@@ -189,3 +202,18 @@ def open_link(request: gr.Request):
     if name and name in {n for _, n in gallery()}:
         return gr.Tabs(selected="replay"), gr.update(value=name)
     return gr.skip(), gr.skip()
+
+
+def open_grid_run(runs: list[str], evt: gr.SelectData):
+    """A click on Compare's lanes grid: the Replay tab on that prompt's run (saved by the prompt set), at its
+    last round, lanes and all."""
+    row = evt.index[0] if isinstance(evt.index, list | tuple) else evt.index
+    if not isinstance(row, int) or not 0 <= row < len(runs or []):
+        return (gr.skip(),) * 10
+    path = runs[row]
+    try:
+        n = len(_replay_source(path, "")[0].rounds)
+    except InvalidInput as e:
+        raise refused(e) from None
+    return (gr.Tabs(selected="replay"), gr.update(value=path), gr.update(maximum=n, value=n),
+            *replay_at(path, "", n))

@@ -80,3 +80,4 @@ class RunRecord:
     rounds: list[RoundEvent] = field(default_factory=list)
     summary: Summary | None = None
     frames: tuple[int, int] | None = None  # (frames drawn, rounds run) while streaming
+    lanes: dict[str, list[float]] = field(default_factory=dict)  # the drafter lanes, once the run ended

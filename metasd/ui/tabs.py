@@ -31,10 +31,10 @@ from metasd.ui.config import (
     task_title,
 )
 from metasd.ui.files import write_logs
-from metasd.ui.frames import plot
+from metasd.ui.frames import lanes_placeholder, plot
 from metasd.ui.generate import generate_view, measure_baseline, on_preset, policy_choices, stop_generation
 from metasd.ui.playground import PLAYGROUND_DRAFTERS, run_playground
-from metasd.ui.replay import gallery, open_link, replay_at, replay_rounds, replay_view, stop_replay
+from metasd.ui.replay import gallery, open_grid_run, open_link, replay_at, replay_rounds, replay_view, stop_replay
 
 # ----------------------------------------------------------------------------------------------
 # Helpers of the page
@@ -81,10 +81,9 @@ def _preset_info(name: str) -> str:
     return "; ".join(f"{n}: {PRESETS[n].hardware}" for n in available_presets())
 
 
-def _empty_view(drafters0: list[str]) -> viz.LiveView:
-    """The views before the first run (Generate) or replay (Replay)."""
-    return viz.LiveView(viz.drafter_colors(drafters0), drafters0,
-                        placeholder="Press Run (or Ctrl+Enter) to stream tokens here.")
+def _empty_view(drafters0: list[str], placeholder: str = "Press Run (or Ctrl+Enter) to stream tokens here.") -> viz.LiveView:
+    """The views before the first run (Generate) or replay (Replay: its button is Play)."""
+    return viz.LiveView(viz.drafter_colors(drafters0), drafters0, placeholder=placeholder)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -127,6 +126,7 @@ class GenerateAnswer:
     table: gr.DataFrame
     csv_btn: gr.DownloadButton
     json_btn: gr.DownloadButton
+    lanes: gr.HTML
 
 
 def build_generate_tab(preset0: str, drafters0: list[str], baselines: gr.State, record: gr.State,
@@ -144,7 +144,8 @@ def build_generate_tab(preset0: str, drafters0: list[str], baselines: gr.State, 
                 gr.Markdown("**Per-round log** (also of a stopped run)", elem_classes="compact-md")
                 csv_btn = gr.DownloadButton("CSV", size="sm", interactive=False)
                 json_btn = gr.DownloadButton("JSON", size="sm", interactive=False)
-        _wire_generate(controls, GenerateAnswer(*views, table, csv_btn, json_btn), baselines, record, concurrency)
+        _wire_generate(controls, GenerateAnswer(*views[:-1], table, csv_btn, json_btn, views[-1]), baselines, record,
+                       concurrency)
     take_as_sent(controls.gamma, controls.max_new_tokens, controls.temperature, controls.top_p, controls.seed)
 
 
@@ -193,7 +194,7 @@ def _generate_controls(preset0: str, drafters0: list[str]) -> GenerateControls:
 
 
 def _generate_answer(drafters0: list[str]) -> tuple[gr.components.Component, ...]:
-    """The right column: GenerateAnswer's fields up to the per-drafter table."""
+    """The right column: GenerateAnswer's fields up to the per-drafter table, then the lanes."""
     with gr.Column(scale=6, min_width=320, elem_id="answer"):
         empty = _empty_view(drafters0)
         tokens = gr.HTML(empty.tokens_html(""), elem_id="tokens", js_on_load=None)
@@ -202,6 +203,8 @@ def _generate_answer(drafters0: list[str]) -> tuple[gr.components.Component, ...
             show_rejected = gr.Checkbox(True, label="Show rejected draft tokens", scale=0, min_width=220)
             auto_base = gr.Checkbox(True, label="Measure the target alone after each run", scale=0, min_width=300)
             measure_btn = gr.Button("Measure target alone", size="sm", scale=0, min_width=170)
+        # The drafter lanes under the answer and its numbers: where each drafter would have been accepted.
+        lanes = gr.HTML(lanes_placeholder(viz.LANES_EMPTY), elem_id="lanes", js_on_load=None)
         with gr.Accordion("The answer as plain text", open=False):
             answer_text = gr.Textbox(show_label=True, label="Answer", lines=4, max_lines=12, interactive=False,
                                      buttons=["copy"], elem_id="answer-text")
@@ -215,14 +218,14 @@ def _generate_answer(drafters0: list[str]) -> tuple[gr.components.Component, ...
             with gr.Column(min_width=300):
                 regret_plot = gr.Plot(plot(empty.regret_json()), elem_id="regret", show_label=False)
                 gr.Markdown(text.REGRET_CAPTION, elem_classes="caption")
-    return tokens, stats, show_rejected, auto_base, measure_btn, answer_text, arm_plot, regret_plot
+    return tokens, stats, show_rejected, auto_base, measure_btn, answer_text, arm_plot, regret_plot, lanes
 
 
 def _wire_generate(c: GenerateControls, a: GenerateAnswer, baselines: gr.State, record: gr.State,
                    concurrency: int) -> None:
     gen_inputs = [c.prompt, c.preset, c.drafters, c.policy, c.reward, c.gamma, c.max_new_tokens, c.temperature,
                   c.top_p, c.seed, c.full_info, c.cold, baselines]
-    gen_outputs = [a.tokens, a.arm_plot, a.regret_plot, a.stats, a.table, a.answer_text, record]
+    gen_outputs = [a.tokens, a.arm_plot, a.regret_plot, a.stats, a.table, a.answer_text, record, a.lanes]
     buttons = [c.run_btn, c.stop_btn]
     # Run: the buttons say at once that something runs (no queue round trip), then the stream.
     busy = gr.on([c.run_btn.click, c.prompt.submit], _running, None, buttons, queue=False,
@@ -251,6 +254,11 @@ def _wire_generate(c: GenerateControls, a: GenerateAnswer, baselines: gr.State, 
 # ----------------------------------------------------------------------------------------------
 # Compare
 
+COMPARE_COLUMNS = ["method", "new_tokens", "tokens_per_s", "speedup", "mean_accepted", "acceptance_rate",
+                   "target_calls", "identical_to_target"]
+# Compare's lanes grid opens a prompt's run in Replay: the grid is built in Compare, the link wired in Replay.
+_LINKS: dict[str, Any] = {}
+
 
 def build_compare_tab(preset0: str) -> None:
     """The Compare tab: one prompt side by side, and a prompt set by drafter and task."""
@@ -264,8 +272,8 @@ def build_compare_tab(preset0: str) -> None:
         with gr.Accordion("One prompt, side by side", open=True):
             c_prompt = gr.Textbox(label="Prompt", lines=3, value=EXAMPLES[2]["turns"][0])
             c_btn = gr.Button("Compare drafters on this prompt", variant="primary")
-            c_table = gr.DataFrame(label="Methods (greedy; speed-up against the target alone, measured here)",
-                                   interactive=False)
+            c_table = gr.DataFrame(pd.DataFrame(columns=COMPARE_COLUMNS), interactive=False,
+                                   label="Methods (greedy; speed-up against the target alone, measured here)")
             c_bars = gr.Plot(viz.empty_figure("Speed-up over the target alone", "compare to see the bars"),
                              show_label=False)
             c_views = gr.HTML(js_on_load=None)
@@ -295,7 +303,13 @@ def _prompt_set(c_preset: gr.Dropdown, c_policy: gr.Dropdown, c_tokens: gr.Slide
                                                  "acceptance_rate"]),
                            label="Results (one row per method and prompt)", interactive=False, max_height=320)
     s_csv = gr.DownloadButton("Download results.csv", size="sm", interactive=False)
-    s_btn.click(compare_set, [s_source, s_file, s_per, c_preset, c_policy, c_tokens], [s_heat, s_bars, s_table, s_csv],
+    gr.Markdown(text.LANE_GRID_NOTE, elem_classes="compact-md")
+    s_grid = gr.DataFrame(viz.lane_grid([], []), label=f"Drafter lanes by prompt ({viz.LANE_GRID_NOTE})",
+                          interactive=False, elem_id="lane-grid", max_height=360)
+    s_runs = gr.State([])
+    _LINKS.update(grid=s_grid, runs=s_runs)
+    s_btn.click(compare_set, [s_source, s_file, s_per, c_preset, c_policy, c_tokens],
+                [s_heat, s_bars, s_table, s_csv, s_grid, s_runs],
                 api_name="compare_set", concurrency_limit=1, concurrency_id="compare")
     s_cancel.click(cancel_compare, None, None, api_visibility="private", queue=False)
     return s_per
@@ -310,7 +324,7 @@ def build_replay_tab(demo: gr.Blocks, tabs: gr.Tabs, drafters0: list[str]) -> No
     with gr.Tab("Replay", id="replay"):
         gr.Markdown(text.REPLAY_INTRO, elem_classes="compact-md")
         runs = gallery()
-        empty = _empty_view(drafters0)
+        empty = _empty_view(drafters0, "Choose a recorded run and press Play to stream it here (or drag the round slider).")
         with gr.Row(equal_height=False):
             with gr.Column(scale=4, min_width=300):
                 r_name = gr.Dropdown(runs, value=runs[0][1] if runs else None, label="Recorded runs", elem_id="replay-run")
@@ -324,6 +338,8 @@ def build_replay_tab(demo: gr.Blocks, tabs: gr.Tabs, drafters0: list[str]) -> No
                                     elem_id="replay-round")
             with gr.Column(scale=6, min_width=320):
                 r_tokens = gr.HTML(empty.tokens_html(""), elem_id="replay-tokens", js_on_load=None)
+                r_lanes = gr.HTML(lanes_placeholder(viz.LANES_EMPTY.replace("when the answer ends", "with a replayed run")),
+                                  elem_id="replay-lanes", js_on_load=None)
                 r_stats = gr.HTML(viz.stats_html(viz.live_stats([], 0.0)), elem_id="replay-stats", js_on_load=None)
                 with gr.Accordion("The answer as plain text", open=False):
                     r_text = gr.Textbox(label="Answer", lines=4, max_lines=12, interactive=False, buttons=["copy"])
@@ -331,7 +347,7 @@ def build_replay_tab(demo: gr.Blocks, tabs: gr.Tabs, drafters0: list[str]) -> No
                     r_arm = gr.Plot(plot(empty.arm_json()), show_label=False, min_width=300)
                     r_regret = gr.Plot(plot(empty.regret_json()), show_label=False, min_width=300)
                 r_table = gr.DataFrame(viz.drafter_table([], drafters0), label="Per drafter", interactive=False)
-        r_outputs = [r_tokens, r_arm, r_regret, r_stats, r_table, r_text]
+        r_outputs = [r_tokens, r_arm, r_regret, r_stats, r_table, r_text, r_lanes]
         played = r_play.click(replay_view, [r_file, r_name, r_speed], r_outputs, api_name="replay",
                               concurrency_limit=8, concurrency_id="replay", show_progress="hidden")
         played.then(replay_rounds, [r_file, r_name], r_round, api_visibility="private", queue=False)
@@ -340,6 +356,9 @@ def build_replay_tab(demo: gr.Blocks, tabs: gr.Tabs, drafters0: list[str]) -> No
         r_round.input(replay_at, [r_file, r_name, r_round], r_outputs, api_visibility="private",
                       concurrency_limit=8, concurrency_id="replay", trigger_mode="always_last", show_progress="hidden")
         demo.load(open_link, None, [tabs, r_name], api_visibility="private", queue=False)
+        if "grid" in _LINKS:  # a click on a cell of Compare's lanes grid: that prompt's run, here, with its lanes
+            _LINKS["grid"].select(open_grid_run, _LINKS["runs"], [tabs, r_file, r_round, *r_outputs],
+                                  api_visibility="private", concurrency_limit=8, concurrency_id="replay")
     take_as_sent(r_speed, r_round)
 
 

@@ -19,6 +19,14 @@ HOW_TO_READ = """
 - **Regret**: tokens lost so far against always using the drafter that turned out best; *measured* with
   full-information feedback, *estimated* otherwise.
 - **Speed-up**: the engine's tokens/s over the target alone on the same prompt, both measured here.
+- **Drafter lanes** (under the answer): one row per drafter of the request, one cell per token of the answer.
+  A cell's fill height is that drafter's acceptance probability at that token, given the true text before it
+  (its prediction teacher-forced on the answer): in greedy decoding full (it would have proposed exactly this
+  token) or empty. Read along a row to see *where* a drafter is right: prompt lookup on copied spans, a math
+  drafter on arithmetic. The outlined cells are the drafter the bandit actually pulled in that round, a dark
+  rule starts each round, and the percentage is the share of the answer the drafter would have drafted. Hover
+  or Tab to a cell for drafter, token and number. With full-information feedback they fill in live; otherwise
+  they come a moment after the answer ends (one teacher-forced pass per model drafter), never slowing it.
 """
 
 EXPLAIN = r"""
@@ -61,6 +69,10 @@ COMPARE_INTRO = ("Each drafter alone (`single:<name>`) and the bandit, greedy, a
                  "in the same run. Speed-ups are measured, never computed from formulas.")
 COMPARE_SET_NOTE = ("Runs share the model with the Generate tab one step at a time: other users' answers are "
                     "served between the steps. Cancel keeps the results so far.")
+LANE_GRID_NOTE = ("**Drafter lanes by prompt**: for each prompt of the set (the bandit's answer), the share of the "
+                  "answer each drafter would have drafted, and where (three glyphs: its first, middle and last "
+                  "third; ▁ none, █ all). Click a row's cell to open that prompt's run in Replay, lanes "
+                  "and all.")
 REPLAY_INTRO = ("Replay a recorded run at any speed, without a model: prepare runs before class (on a GPU "
                 "too), then play them here, or step through them round by round. Share one with a link: "
                 "`?run=<name>`. Upload the JSON from *Per-round log* or `python -m metasd generate --json`.")

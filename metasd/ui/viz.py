@@ -595,3 +595,110 @@ def playground_table(results: Sequence[Any]) -> pd.DataFrame:
             **{f"pulls {n}": int((r.arms == i).sum()) for i, n in enumerate(r.names)},
         })
     return pd.DataFrame(rows)
+
+
+# --------------------------------------------------------------------------------------------
+# Drafter lanes (metasd/core/lanes.py): one row per drafter under the answer, one cell per token
+
+LANES_EMPTY = "Drafter lanes appear here when the answer ends: for every drafter, where it would have been accepted."
+# Self-contained styles (the lanes are also embedded in Compare's side-by-side cells): a cell's fill height is
+# its number (the second channel beside colour); an outline marks the drafter pulled that round, a rule each
+# round's start; focus or hover shows the cell's drafter, token and number.
+_LANES_CSS = (
+    "<style>.lanes-view{border:1px solid #d1d5db;border-radius:10px;background:#fff;padding:6px 8px;margin-top:6px}"
+    ".lanes-view .lanes-key{font-size:.78rem;color:#374151;margin:0 0 4px}"
+    ".lanes-scroll{overflow-x:auto;max-height:260px;overflow-y:auto}"
+    ".lanes-scroll:focus-visible,.lanes td:focus-visible{outline:2px solid #4338ca;outline-offset:1px}"
+    ".lanes{border-collapse:collapse;font-size:.74rem;color:#111827}"
+    ".lanes th[scope=row]{position:sticky;left:0;background:#fff;text-align:left;font-weight:600;padding:0 6px 0 0;"
+    "white-space:nowrap;z-index:1}"
+    ".lanes th[scope=row] .share{font-weight:400;color:#374151}"
+    ".lanes thead th{font-weight:400;white-space:pre;padding:0 1px;max-width:3em;overflow:hidden;text-overflow:clip;"
+    "border-bottom:3px solid var(--c,#9ca3af);height:1.4em}"
+    ".lanes td{min-width:9px;height:18px;padding:0!important;border-left:1px solid #f3f4f6;"
+    "background:linear-gradient(to top,var(--c) calc(var(--v)*100%),#eef0f3 0)!important}"
+    ".lanes .b{border-left:2px solid #6b7280}"
+    ".lanes td.p{box-shadow:inset 0 0 0 2px #111827}"
+    ".lanes td{position:relative}.lanes td:focus::after,.lanes td:hover::after{content:attr(aria-label);"
+    "position:absolute;left:0;bottom:20px;"
+    "background:#111827;color:#fff;padding:2px 6px;border-radius:4px;white-space:nowrap;z-index:5;font-size:.75rem}"
+    ".lanes tbody tr:first-child td:focus::after,.lanes tbody tr:first-child td:hover::after{bottom:auto;top:20px}</style>"
+)
+
+
+def _lane_tip(name: str, piece: str, j: int, v: float, pulled: str, rnd: int) -> str:
+    was = "pulled this round" if pulled == name else f"{pulled} was pulled"
+    return f"{name}, token {j + 1} \u201c{_visible(piece)}\u201d: {v:.2f} ({was}, round {rnd})"
+
+
+def _token_meta(rounds: Sequence[RoundEvent]) -> list[tuple[str, str, int, bool]]:
+    """Per emitted token: its text piece, the drafter pulled in its round, the round, whether it starts the round."""
+    out = []
+    for ev in rounds:
+        for j, _ in enumerate(ev.emitted):
+            piece = ev.emitted_text[j] if j < len(ev.emitted_text) else ""
+            out.append((piece, ev.drafter, ev.round, j == 0))
+    return out
+
+
+def lanes_html(rounds: Sequence[RoundEvent], lanes: Mapping[str, Sequence[float]], colors: Mapping[str, str],
+               *, empty: str = LANES_EMPTY, title: str = "Drafter lanes") -> str:
+    """The lanes under an answer: a header row of the answer's tokens (underlined in the colour of the drafter
+    pulled for them), then one row per drafter, each cell filled to the drafter's acceptance probability there.
+    Lanes longer than the rounds shown (a replay still playing) are cut to the tokens so far."""
+    meta = _token_meta(rounds)
+    names = [n for n in lanes if lanes[n]]
+    if not meta or not names:
+        return _LANES_CSS + f'<div class="lanes-view"><p class="lanes-key">{_esc(empty)}</p></div>'
+    n = min(len(meta), min(len(lanes[d]) for d in names))
+    head = "".join(f'<th scope="col" class="{"b" if start else ""}" style="--c:{colors.get(who, TARGET_COLOR)}" '
+                   f'title="{_esc(f"token {j + 1}, round {rnd}: {who} pulled")}">{_esc(_visible(piece))}</th>'
+                   for j, (piece, who, rnd, start) in enumerate(meta[:n]))
+    rows = []
+    for d in names:
+        lane = lanes[d]
+        cells = "".join(
+            f'<td tabindex="0" class="{"b " if start else ""}{"p" if who == d else ""}" style="--v:{lane[j]:.3f}" '
+            f'aria-label="{_esc(_lane_tip(d, piece, j, lane[j], who, rnd))}"></td>'
+            for j, (piece, who, rnd, start) in enumerate(meta[:n]))
+        share = sum(lane[:n]) / n
+        rows.append(f'<tr data-drafter="{_esc(d)}" style="--c:{colors.get(d, TARGET_COLOR)}"><th scope="row">'
+                    f'{_esc(d)} <span class="share">{share:.0%}</span></th>{cells}</tr>')
+    key = ("fill = the drafter's acceptance probability at each token, given the true text before it \u00b7 "
+           "outlined = pulled \u00b7 dark rule = a round's start \u00b7 % = share it would have drafted \u00b7 "
+           "hover or Tab to a cell")
+    return (_LANES_CSS + f'<div class="lanes-view"><p class="lanes-key"><b>{_esc(title)}</b> \u00b7 {_esc(key)}</p>'
+            f'<div class="lanes-scroll" tabindex="0" role="region" aria-label="{_esc(title)}: one row per drafter">'
+            f'<table class="lanes"><thead><tr><th scope="row">token</th>{head}</tr></thead><tbody>{"".join(rows)}'
+            "</tbody></table></div></div>")
+
+
+_THIRDS = " \u2581\u2582\u2583\u2584\u2585\u2586\u2587\u2588"
+
+
+def _where(parts: Sequence[float]) -> str:
+    """Three block glyphs, one per third of the answer: how much of it the drafter would have drafted there."""
+    return "".join(_THIRDS[min(8, round(8 * x))] for x in parts)
+
+
+LANE_GRID_NOTE = "share of the answer \u00b7 where (first, middle, last third)"
+
+
+def lane_grid(rows: Sequence[Mapping[str, Any]], names: Sequence[str]) -> pd.DataFrame:
+    """Compare's prompts x drafters grid: per prompt (question_id, category, lanes), each drafter's share of
+    the answer it would have drafted and, as three glyphs, where in the answer."""
+    cols = ["prompt", "task", *names]
+    out = []
+    for r in rows:
+        lanes = r.get("lanes") or {}
+        cell = {"prompt": str(r.get("question_id", "")), "task": str(r.get("category", ""))}
+        for d in names:
+            lane = list(lanes.get(d) or [])
+            if not lane:
+                cell[d] = "\u2013"
+                continue
+            k = len(lane)
+            parts = [sum(lane[i * k // 3 : (i + 1) * k // 3]) / max(1, (i + 1) * k // 3 - i * k // 3) for i in range(3)]
+            cell[d] = f"{sum(lane) / k:.0%} {_where(parts)}"
+        out.append(cell)
+    return pd.DataFrame(out, columns=cols)
