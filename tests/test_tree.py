@@ -238,8 +238,10 @@ def test_policy_grows_the_tree_only_while_it_pays():
     flat = lambda n: 50.0  # noqa: E731 (verification costs the same for any count)
     c = pol.decide_tree(None, kmax=[4, 4, 4], ms=[0.0, 0.0, 0.0], cost=flat, budget=9)
     assert sum(c.depths) == 8  # unseen arms are optimistic: the budget fills
-    for _ in range(30):  # arm 0 always fully right, arm 1 never, arm 2 never measured again
-        pol.observe_tree({0: [1.0] * 4, 1: [0.0] * 4})
+    c = pol.decide_tree(None, kmax=[4, 4, 4], ms=[0.0, 0.0, 0.0], cost=flat, budget=13)
+    assert c.depths == (4, 4, 4)  # every arm never in a tree joins at its full length once
+    for _ in range(30):  # arm 0 always fully right, arm 1 never, arm 2 half the time per id
+        pol.observe_tree({0: [1.0] * 4, 1: [0.0] * 4, 2: [0.5] * 4})
         pol.update(0, [1.0, 0.0, None])
     steep = lambda n: 50.0 * (1 + 0.3 * (n - 1))  # noqa: E731 (every extra id costs 30% of a step)
     c = pol.decide_tree([True, True, False], kmax=[4, 4, 4], ms=[0.0, 0.0, 0.0], cost=steep, budget=9)
@@ -247,6 +249,8 @@ def test_policy_grows_the_tree_only_while_it_pays():
     assert c.probabilities == [1.0, 0.0, 0.0]
     c = pol.decide_tree(None, kmax=[4, 4, 4], ms=[0.0, 0.0, 500.0], cost=flat, budget=9)
     assert c.depths[2] == 0  # a drafter whose ids cost ten verifications is left out
+    c = pol.decide_tree([False, True, True], kmax=[4, 4, 4], ms=[0.0, 0.0, 0.0], cost=steep, budget=9)
+    assert c.depths[1] == 0 and c.depths[2] >= 1  # free and sometimes right: in; never right: out
 
 
 def test_offline_model_greedy_identity_with_trees(offline, reference_model):

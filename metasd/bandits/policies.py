@@ -228,7 +228,9 @@ class MetaSDTree(MetaSDUCB):
     sum_j [1 - prod_i (1 - S_i(j) [j <= k_i])]; with the engine's measured costs (drafting ms per id,
     verification ms by ids fed, docs/DESIGN.md §4) the tree's value is expected tokens per ms. Depths
     grow greedily, one id or one arm's whole remaining draft at a time, while the value rises and the
-    ids fit the budget. Outside the engine's tree rounds (the playground) it is MetaSD-UCB.
+    ids fit the budget; an arm never yet in a tree starts at its full length (UCB's first pull: two
+    unseen arms would otherwise look like one, both optimistically perfect). Outside the engine's tree
+    rounds (the playground) it is MetaSD-UCB.
     """
 
     name = "metasd-tree"
@@ -277,6 +279,9 @@ class MetaSDTree(MetaSDUCB):
         m = self._awake(awake)
         surv = [self.survival(i, kmax[i]) if m[i] else [] for i in range(self.k)]
         depths = [0] * self.k
+        for i in range(self.k):  # an arm never in a tree joins at its full length once (UCB's first pull)
+            if surv[i] and self.pass_n[i, 1] == 0:
+                depths[i] = min(len(surv[i]), budget - 1 - sum(depths))
         best = self.value(depths, surv, ms, cost)
         while True:
             room = budget - 1 - sum(depths)
