@@ -32,7 +32,7 @@ from transformers import DynamicCache
 from metasd.core.costs import expected_accepted, reward, tree_budget
 from metasd.core.events import RoundEvent
 from metasd.core.sampling import Sampling, warp
-from metasd.drafting.drafters import Verified
+from metasd.drafting.drafters import Verified, crop_to
 
 
 @dataclass(frozen=True)
@@ -134,7 +134,11 @@ def forward_tree(model: torch.nn.Module, cache: DynamicCache, last_id: int, tree
 
 def keep_rows(cache: DynamicCache, past: int, rows: Sequence[int]) -> None:
     """Keep the cached positions before `past` and, after them, only the pass's `rows` (in order).
-    New tensors are built (never written in place): a layer-skip drafter may hold the old ones."""
+    New tensors are built (never written in place): a layer-skip drafter may hold the old ones. When the
+    rows are the pass's first ones (the kept path is the lead's branch, numbered first) a crop does it."""
+    if list(rows) == list(range(len(rows))):
+        crop_to(cache, past + len(rows))
+        return
     idx = torch.tensor([past + r for r in rows], dtype=torch.long)
     for layer in cache.layers:
         if not getattr(layer, "is_initialized", True) or layer.keys is None or layer.keys.numel() == 0:
