@@ -72,11 +72,11 @@ fi
 if [[ -z "${METHODS:-}" ]]; then
   case $PRESET in
     qwen2.5-1.5b)
-      METHODS=baseline,hf-pld,hf-assisted:qwen-0.5b,single:qwen-0.5b,single:coder-0.5b,single:prompt-lookup,single:token-recycling,metasd-ucb,metasd-ucb/throughput,hedge,oracle ;;
+      METHODS=baseline,hf-pld,hf-assisted:qwen-0.5b,single:qwen-0.5b,single:coder-0.5b,single:prompt-lookup,single:token-recycling,metasd-ucb,metasd-ucb/throughput,hedge,metasd-tree,oracle ;;
     qwen2.5-7b)
       # No hf-assisted here: the 7B's embedding table has 128 more rows than its drafters', and transformers'
       # assisted generation then demands two tokenizers (universal assisted decoding, a different algorithm).
-      METHODS=baseline,hf-pld,single:qwen-0.5b,single:coder-0.5b,single:math-1.5b,single:prompt-lookup,single:token-recycling,metasd-ucb,metasd-ucb/throughput,oracle ;;
+      METHODS=baseline,hf-pld,single:qwen-0.5b,single:coder-0.5b,single:math-1.5b,single:prompt-lookup,single:token-recycling,metasd-ucb,metasd-ucb/throughput,metasd-tree,oracle ;;
     *)
       METHODS="" ;;  # the benchmark's default set for the preset
   esac

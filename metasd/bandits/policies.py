@@ -34,11 +34,13 @@ class Choice:
     arm: int
     probabilities: list[float]  # the chance each arm had of being chosen this round
     length: int | None = None  # 0: no drafter pays now, take a plain target step; None: the engine's draft length
+    depths: tuple[int, ...] | None = None  # a tree round (metasd-tree): each arm's branch depth (0: not in the tree)
 
 
 class Policy(ABC):
     name: str
     needs_full_info = False
+    tree = False  # True: the engine plays token-tree rounds (metasd/core/tree.py) and calls decide_tree
 
     def __init__(self, k: int, seed: int = 0) -> None:
         if k < 1:
@@ -214,6 +216,89 @@ class CostAwareUCB(MetaSDUCB):
         return arm
 
 
+class MetaSDTree(MetaSDUCB):
+    """MetaSD-Tree: each round a token tree of several arms' drafts, verified in one target pass.
+
+    Per arm and depth j it keeps S_i(j), the chance that the first j ids of its branch all pass
+    (greedy: all match argmax p; sampled: the product of per-position acceptance probabilities), from
+    every round the arm was in the tree: each branch is verified whole, so the round is full
+    information for every arm in it. Prompt lookup's all-or-nothing copies and a model drafter's
+    decaying runs are both read as they are, not as an i.i.d. alpha. With UCB optimism on S (unseen:
+    1), the expected accepted ids of a tree, arms taken as independent, is
+    sum_j [1 - prod_i (1 - S_i(j) [j <= k_i])]; with the engine's measured costs (drafting ms per id,
+    verification ms by ids fed, docs/DESIGN.md §4) the tree's value is expected tokens per ms. Depths
+    grow greedily, one id or one arm's whole remaining draft at a time, while the value rises and the
+    ids fit the budget; an arm never yet in a tree starts at its full length (UCB's first pull: two
+    unseen arms would otherwise look like one, both optimistically perfect). Outside the engine's tree
+    rounds (the playground) it is MetaSD-UCB.
+    """
+
+    name = "metasd-tree"
+    tree = True
+    depth_cap = 16
+
+    def __init__(self, k: int, seed: int = 0, beta: float = 0.05) -> None:
+        super().__init__(k, seed, beta)
+        self.pass_sum = np.zeros((k, self.depth_cap + 1))  # sum over rounds of prod g[:j], per depth j
+        self.pass_n = np.zeros((k, self.depth_cap + 1))  # rounds whose branch reached depth j
+
+    def observe_tree(self, g: dict[int, list[float]]) -> None:
+        """Per-position acceptance probabilities of every arm in the round's tree along its own branch."""
+        for i, gi in g.items():
+            run = 1.0
+            for j, x in enumerate(gi[: self.depth_cap], start=1):
+                run *= x
+                self.pass_sum[i, j] += run
+                self.pass_n[i, j] += 1
+
+    def survival(self, i: int, kmax: int) -> list[float]:
+        """Optimistic S_i(1..kmax): the chance the branch's first j ids pass, never rising with j."""
+        out, prev = [], 1.0
+        log_t = math.log(max(self.t, 2))
+        for j in range(1, min(kmax, self.depth_cap) + 1):
+            n = self.pass_n[i, j]
+            est = 1.0 if n == 0 else self.pass_sum[i, j] / n + self.beta * math.sqrt(2.0 * log_t / n)
+            prev = min(prev, est)
+            out.append(prev)
+        return out
+
+    @staticmethod
+    def value(depths: Sequence[int], surv: Sequence[Sequence[float]], ms: Sequence[float],
+              cost: Callable[[int], float]) -> float:
+        """Expected tokens per ms of a tree with these branch depths."""
+        deepest = max(depths, default=0)
+        expected = sum(1.0 - math.prod(1.0 - surv[i][j - 1] for i, k in enumerate(depths) if k >= j)
+                       for j in range(1, deepest + 1))
+        spent = sum(k * ms[i] for i, k in enumerate(depths)) + cost(1 + sum(depths))
+        return (1.0 + expected) / max(spent, 1e-6)
+
+    def decide_tree(self, awake: Awake, kmax: Sequence[int], ms: Sequence[float], cost: Callable[[int], float],
+                    budget: int) -> Choice:
+        """Each arm's depth (0: left out) within `budget` ids verified (the root counts), and each arm's
+        share of the tree as the round's probabilities."""
+        m = self._awake(awake)
+        surv = [self.survival(i, kmax[i]) if m[i] else [] for i in range(self.k)]
+        depths = [0] * self.k
+        for i in range(self.k):  # an arm never in a tree joins at its full length once (UCB's first pull)
+            if surv[i] and self.pass_n[i, 1] == 0:
+                depths[i] = min(len(surv[i]), budget - 1 - sum(depths))
+        best = self.value(depths, surv, ms, cost)
+        while True:
+            room = budget - 1 - sum(depths)
+            moves = [(i, step) for i in range(self.k) for step in {1, len(surv[i]) - depths[i]}
+                     if 0 < step <= room and depths[i] + step <= len(surv[i])]
+            scored = [(self.value([d + (step if j == i else 0) for j, d in enumerate(depths)], surv, ms, cost), i, step)
+                      for i, step in moves]
+            if not scored or max(scored)[0] <= best:
+                break
+            best, i, step = max(scored)
+            depths[i] += step
+        total = sum(depths)
+        lead = int(np.argmax(depths)) if total else self._next(awake)
+        probs = [d / total for d in depths] if total else self._one_hot(lead)
+        return Choice(lead, probs, length=depths[lead], depths=tuple(depths))
+
+
 class EpsilonGreedy(Policy):
     name = "epsilon-greedy"
 
@@ -371,11 +456,12 @@ class SequentialHalving(Policy):
 
 POLICIES: dict[str, type[Policy]] = {
     cls.name: cls
-    for cls in (MetaSDUCB, CostAwareUCB, Exp3, Thompson, EpsilonGreedy, SequentialHalving, Hedge, RoundRobin, Uniform)
+    for cls in (MetaSDUCB, CostAwareUCB, MetaSDTree, Exp3, Thompson, EpsilonGreedy, SequentialHalving, Hedge, RoundRobin, Uniform)
 }
 POLICY_HELP = {
     "metasd-ucb": "MetaSD-UCB (the paper's): optimism in the face of uncertainty",
     "metasd-ucb-cost": "MetaSD-UCB with a cost-aware index: the fastest optimistic round, plain steps when nothing pays",
+    "metasd-tree": "several drafters at once: a token tree the bandit shapes, verified in one target pass",
     "exp3": "EXP3: adversarial bandit, exponential weights on importance-weighted rewards",
     "thompson": "Thompson sampling with Beta posteriors",
     "epsilon-greedy": "best mean so far, a random arm with probability epsilon",

@@ -33,11 +33,13 @@ class VerifyCost:
         self.extra_id = extra_id
 
     def add(self, fed: int, ms: float) -> None:
+        if fed >= len(self.ms):  # a token tree may feed more ids than a chain's gamma + 1
+            self.ms.extend([0.0] * (fed + 1 - len(self.ms)))
         old = self.ms[fed]
         self.ms[fed] = ms if old == 0 else 0.8 * old + 0.2 * ms
 
     def __call__(self, fed: int) -> float:
-        if self.ms[fed]:
+        if fed < len(self.ms) and self.ms[fed]:
             return self.ms[fed]
         seen = [(i, m) for i, m in enumerate(self.ms) if m]
         if not seen:
@@ -84,3 +86,16 @@ def best_length(alpha: float, kmax: int, ms_per_token: float, cost: Callable[[in
         if v > best_v:
             best_v, best_k = v, kk
     return best_v, best_k
+
+
+def tree_budget(cost: Callable[[int], float], gamma: int, tolerance: float = 0.15, most: int = 0) -> int:
+    """The most ids one tree round may verify: the largest count (up to `most`, default 2 * gamma + 2)
+    whose measured cost stays within `tolerance` of a full chain's (gamma + 1 ids), never fewer than
+    gamma + 1. On this CPU 1-6 ids cost one step and 7-9 about 25% more (docs/DESIGN.md §4), so the
+    budget settles where verification stops being free; on a GPU it grows to `most`."""
+    most = most or 2 * gamma + 2
+    base = cost(gamma + 1)
+    n = gamma + 1
+    while n < most and cost(n + 1) <= base * (1.0 + tolerance):
+        n += 1
+    return n

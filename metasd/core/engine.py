@@ -21,7 +21,7 @@ from transformers import DynamicCache
 
 from metasd.bandits.policies import Choice, make_policy
 from metasd.bandits.priors import Priors, load_priors
-from metasd.core import lanes
+from metasd.core import lanes, tree
 from metasd.core.costs import EXTRA_ID_PRIOR, EXTRA_ID_PRIOR_PACKED, VerifyCost, best_length, expected_accepted, reward
 from metasd.core.events import DrafterStats, Event, RoundEvent, Summary
 from metasd.core.sampling import Sampling, Verdict, verify, warp
@@ -234,6 +234,7 @@ class Request:
         self.budget = st.max_new_tokens - 1  # the most a round may draft: it emits accepted + 1 tokens
         self.pre: dict[int, Draft] = {}  # this round's drafts of the model-free arms (sleeping arms)
         self.new_tokens = self.target_calls = self.accepted = self.rounds = 0
+        self.ids_fed = 0  # ids read by the target's verification passes
         self.draft_s = self.verify_s = self.overhead_s = 0.0
         self.regret = 0.0
         self.chosen_scored = 0.0  # full information: expected tokens of the arms actually pulled
@@ -355,6 +356,7 @@ class Request:
         self.generated.extend(r.emitted)
         self.new_tokens += len(r.emitted)
         self.target_calls += 1
+        self.ids_fed += len(r.inputs)
         self.accepted += v.accepted
         self.arms[r.arm].record_time(clock["draft"], len(r.tokens))
         self.verify_cost.add(len(r.inputs), 1000 * clock["verify"])
@@ -456,7 +458,7 @@ class Request:
             probabilities=dict(zip(self.names, r.choice.probabilities, strict=True)), regret=max(self.regret, 0.0),
             regret_measured=self.st.full_info, draft_ms=1000 * drafted, verify_ms=1000 * clock["verify"],
             overhead_ms=1000 * overhead, new_tokens=self.new_tokens, emitted_text=tuple(text),
-            draft_text=tuple(draft_text), scores=lanes.round_scores(self.names, r),
+            draft_text=tuple(draft_text), scores=lanes.round_scores(self.names, r), ids_verified=len(r.inputs),
         )
 
     def summary(self) -> Summary:
@@ -469,12 +471,13 @@ class Request:
             target_calls=self.target_calls, mean_accepted=self.accepted / self.target_calls if self.target_calls else 0.0,
             wall_s=wall, tokens_per_s=self.new_tokens / wall if wall > 0 else 0.0, draft_s=self.draft_s,
             verify_s=self.verify_s, overhead_s=self.overhead_s, prefill_s=self.prefill_s, stop_reason=self.stop_reason,
-            regret=max(self.regret, 0.0), regret_measured=st.full_info,
+            regret=max(self.regret, 0.0), regret_measured=st.full_info or self.policy.tree,
             drafters=tuple(a.stats(n) for n, a in self.stats.items()),
             # The settings as run, plus the older names of two of them and what sleeping came to.
             config={"preset": self.bundle.preset.name, **asdict(st), "drafters": list(st.drafters),
                     "adaptive_gamma": st.adaptive, "sleeping_arms": self.sleeping,
                     "priors_weight": self.priors.weight if self.priors else 0.0},
+            ids_verified=self.ids_fed,
         )
 
 
@@ -490,6 +493,13 @@ def _rounds(req: Request, stop: StopSignal, inspect: Inspect | None) -> Iterator
         clock = Clock()
         awake = req.wake()
         clock.lap("wake")
+        if req.policy.tree:  # a token tree of several arms' drafts (metasd/core/tree.py)
+            ev, eos = tree.play_round(req, awake, clock, inspect)
+            yield ev
+            if eos:
+                req.stop_reason = "eos"
+                break
+            continue
         r = req.pick(awake)
         clock.lap("pick")
         req.draft(r)

@@ -38,12 +38,23 @@ class RoundEvent:
     # Per arm scored on this round's chunk: its acceptance probability at each emitted position (the pulled
     # arm: its drafted positions). Feeds the drafter lanes (metasd/core/lanes.py); not in run files' rounds.
     scores: dict[str, tuple[float, ...]] = field(default_factory=dict, compare=False)
+    # Token-tree rounds (policy metasd-tree, metasd/core/tree.py); a chain round leaves them empty.
+    # The fields above then describe the kept path: `drafter` is the arm credited most (its branch
+    # holds every accepted node), `draft` its branch.
+    ids_verified: int = 0  # ids the target read in this round's pass (the root and every node)
+    tree_budget: int = 0  # the most ids the round could verify
+    branches: tuple[dict[str, Any], ...] = ()  # the nodes off the kept branch, per drafter (tree.other_branches)
+    tree_share: dict[str, float] = field(default_factory=dict)  # each arm's share of the tree's nodes
+    credit: dict[str, float] = field(default_factory=dict)  # accepted ids per arm, a shared node split equally
+    split_ms: dict[str, float] = field(default_factory=dict)  # the round's time by step
+    regret_single: float = 0.0  # tokens: best single arm in hindsight minus the tree's (may be < 0)
+    regret_tree_ms: float = 0.0  # ms: time spent beyond the best tree in hindsight (the kept branch alone)
 
     def to_json(self) -> dict[str, Any]:
         """The round as in the `--json` contract of docs/DESIGN.md §3, plus extra fields."""
         d = asdict(self)
         d.pop("scores")  # the run file carries the lanes whole, at the top level
-        for key in ("draft", "emitted", "p_draft", "q_draft", "accept_prob", "emitted_text", "draft_text"):
+        for key in ("draft", "emitted", "p_draft", "q_draft", "accept_prob", "emitted_text", "draft_text", "branches"):
             d[key] = list(d[key])
         return d
 
@@ -84,9 +95,12 @@ class Summary:
     regret_measured: bool
     drafters: tuple[DrafterStats, ...] = field(default_factory=tuple)
     config: dict[str, Any] = field(default_factory=dict)
+    ids_verified: int = 0  # ids the target read in all verification passes (not the prefill)
 
     def stats_json(self) -> dict[str, Any]:
         return {
+            "ids_verified": self.ids_verified,
+            "ids_per_call": self.ids_verified / self.target_calls if self.target_calls else 0.0,
             "new_tokens": self.new_tokens,
             "target_calls": self.target_calls,
             "mean_accepted": self.mean_accepted,

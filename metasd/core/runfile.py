@@ -20,7 +20,7 @@ import json
 import math
 import re
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field, fields
+from dataclasses import MISSING, dataclass, field, fields
 from typing import Any
 
 from metasd.core.events import DrafterStats, RoundEvent, Summary
@@ -101,8 +101,10 @@ class Replay:
     lanes: dict[str, list[float]] = field(default_factory=dict)  # empty for version 1 files
 
 
-# Every round field a run file must have (`scores` is the engine's, for the lanes: not in rounds).
-_ROUND_TYPES: dict[str, Any] = {f.name: f.type for f in fields(RoundEvent) if f.name != "scores"}
+# Every round field a run file must have: those without a default (the optional ones, such as the lanes'
+# `scores` and a tree round's details, are the engine's and not read back).
+_ROUND_TYPES: dict[str, Any] = {f.name: f.type for f in fields(RoundEvent)
+                                if f.default is MISSING and f.default_factory is MISSING}
 
 
 def _num(x: Any, what: str, lo: float = -1e12, hi: float = 1e12) -> float:

@@ -36,8 +36,9 @@ def stats(view: viz.LiveView, record: RunRecord, baselines: dict[str, Any] | Non
     frames = record.frames
     drawn = f" The page drew {frames[0]} frames for {frames[1]} rounds (several rounds per frame when the engine is fast)." \
         if frames else ""
+    tree = viz.tree_budget_note(view.rounds)  # token-tree runs (metasd-tree): the budget of verified ids
     return viz.stats_html(view.stats(base["tokens_per_s"] if base else None),
-                          (note or (base["note"] if base else SPEEDUP_HINT)) + drawn)
+                          (note or (base["note"] if base else SPEEDUP_HINT)) + drawn + (f" {tree}." if tree else ""))
 
 
 def frame(view: viz.LiveView, record: RunRecord, baselines: dict[str, Any] | None, status: str | None,

@@ -123,7 +123,44 @@ def round_spans(ev: RoundEvent, colors: Mapping[str, str]) -> list[str]:
             why = f"correction after rejecting draft position {ev.accepted + 1}"
         title = _esc(f"target, round {ev.round}: {why}")
         out.append(f'<span class="tok tgt" title="{title}">{_esc(text)}</span>')
+    out.extend(tree_fold_spans(ev, colors))
     return out
+
+
+def tree_fold_lines(ev: RoundEvent) -> list[str]:
+    """One line per branch a token-tree round verified besides the kept one: its drafter(s), where it
+    left the kept branch, its ids as text, and how many of the drafter's own ids the target accepted."""
+    lines = []
+    for b in ev.branches:
+        who = ", ".join(b.get("drafters") or [b.get("drafter", "?")])
+        text = "".join(_visible(t) for t in b.get("text", ()))
+        lines.append(f"{who} (after {b.get('from', 0)} kept id(s)): {text!r} - {b.get('accepted', 0)} accepted")
+    return lines
+
+
+def tree_fold_spans(ev: RoundEvent, colors: Mapping[str, str]) -> list[str]:
+    """The other branches of a token-tree round, folded under the kept path: a small count that lists
+    them on hover. Nothing for chain rounds or a tree of one branch."""
+    lines = tree_fold_lines(ev)
+    if not lines:
+        return []
+    head = f"round {ev.round}: a token tree of {ev.ids_verified} ids verified in one pass (budget {ev.tree_budget})"
+    title = _esc("\n".join([head, *lines]))
+    c = colors.get(ev.branches[0].get("drafter", ""), TARGET_COLOR)
+    n = sum(len(b.get("tokens", ())) for b in ev.branches)
+    return [f'<sup class="tok-tree" data-branches="{len(lines)}" style="color:{c};font-size:0.7em;cursor:help" '
+            f'title="{title}">+{n}</sup>']
+
+
+def tree_budget_note(rounds: Sequence[RoundEvent]) -> str:
+    """A line for the stat cards of a token-tree run: the budget and the ids verified per pass."""
+    trees = [ev for ev in rounds if ev.tree_budget]
+    if not trees:
+        return ""
+    per_call = sum(ev.ids_verified for ev in trees) / len(trees)
+    shared = sum(1 for ev in trees if ev.branches)
+    return (f"token tree: up to {trees[-1].tree_budget} ids per pass, {per_call:.1f} verified per call, "
+            f"{shared} of {len(trees)} rounds with more than one branch")
 
 
 def legend_html(colors: Mapping[str, str], used: Iterable[str] | None = None) -> str:
@@ -228,10 +265,19 @@ def _arm_spec(x: Sequence[int], probs: Mapping[str, Sequence[float]], pulled: Ma
     return dict(data=data, layout=layout)
 
 
+def arm_shares(ev: RoundEvent) -> dict[str, float]:
+    """What the arm-probability figure stacks for a round: each arm's share of the round's token tree
+    (a shared node split equally) in a tree round, the policy's probabilities otherwise."""
+    if ev.tree_share:
+        return {n: ev.tree_share.get(n, 0.0) for n in ev.probabilities}
+    return dict(ev.probabilities)
+
+
 def arm_probability_figure(rounds: Sequence[RoundEvent], colors: Mapping[str, str]) -> go.Figure:
-    """The policy's probability of each arm per round (stacked), and which arm was pulled."""
+    """The policy's probability of each arm per round (stacked), and which arm was pulled; in token-tree
+    rounds each arm's share of the round's tree."""
     names = list(rounds[0].probabilities) if rounds else list(colors)
-    probs = {n: [ev.probabilities.get(n, 0.0) for ev in rounds] for n in names}
+    probs = {n: [arm_shares(ev).get(n, 0.0) for ev in rounds] for n in names}
     pulled = {n: [ev.round for ev in rounds if ev.drafter == n] for n in names}
     return go.Figure(**_arm_spec([ev.round for ev in rounds], probs, pulled, colors))
 
@@ -440,8 +486,9 @@ class LiveView:
         self._html += "".join(round_spans(ev, self.colors))
         self._text.extend(ev.emitted_text)
         self._x.append(ev.round)
+        shares = arm_shares(ev)
         for n, ys in self._probs.items():
-            ys.append(round(ev.probabilities.get(n, 0.0), 3))
+            ys.append(round(shares.get(n, 0.0), 3))
         self._pulled.setdefault(ev.drafter, []).append(ev.round)
         self._regret.append(round(ev.regret, 3))
         self._accepted += ev.accepted

@@ -1,0 +1,286 @@
+"""Token-tree rounds (metasd/core/tree.py, policy metasd-tree): the tree, its mask and positions, one
+pass that equals each branch's own chain pass, greedy identity, the target's distribution when
+sampling (chi-square against exact probabilities), and caches equal to a fresh prefill."""
+
+from __future__ import annotations
+
+import itertools
+import random
+
+import numpy as np
+import pytest
+import torch
+from scipy.stats import chisquare
+from transformers import DynamicCache
+
+from metasd import run, target_greedy
+from metasd.bandits.policies import Choice, MetaSDTree
+from metasd.core import tree as T
+from metasd.core.sampling import Sampling
+from metasd.drafting.drafters import ModelDrafter
+from tests.test_cache import assert_same_kv, fresh_kv
+from tests.tiny import tiny_bundle, tiny_llama
+
+
+def test_branches_merge_into_a_prefix_tree():
+    t = T.build_tree([T.Branch(0, [5, 6, 7]), T.Branch(1, [5, 6, 9]), T.Branch(2, [8]), T.Branch(3, [5])])
+    assert t.tokens == [5, 6, 7, 9, 8]
+    assert t.parents == [-1, 0, 1, 1, -1]
+    assert t.depths == [1, 2, 3, 3, 1]
+    assert t.proposers[0] == {0: 0, 1: 0, 3: 0} and t.proposers[3] == {1: 2}
+    assert t.paths == {0: [0, 1, 2], 1: [0, 1, 3], 2: [4], 3: [0]}
+    assert t.children[-1] == [0, 4] and t.children[1] == [2, 3]
+    assert T.tree_shares(t) == pytest.approx({0: (1 / 3 + 1 / 2 + 1) / 5, 1: (1 / 3 + 1 / 2 + 1) / 5, 2: 1 / 5,
+                                              3: 1 / 3 / 5})
+    assert T.credit(t, [0, 1, 3]) == pytest.approx({0: 1 / 3 + 1 / 2, 1: 1 / 3 + 1 / 2 + 1, 3: 1 / 3})
+    assert T.lead_arm(t, [0, 1, 3], [0, 1, 2, 3]) == 1
+    assert T.lead_arm(t, [0], [3, 0, 1, 2]) == 0  # the longest branch holding the deepest accepted node
+    assert T.lead_arm(t, [], [2, 0]) == 2
+
+
+def test_mask_and_positions():
+    t = T.build_tree([T.Branch(0, [5, 6, 7]), T.Branch(1, [5, 9]), T.Branch(2, [8])])
+    # nodes: 0:5 (d1), 1:6 (d2), 2:7 (d3), 3:9 (d2), 4:8 (d1)
+    assert T.tree_positions(t, 10).tolist() == [[9, 10, 11, 12, 11, 10]]
+    see = T.tree_visibility(t).int().tolist()
+    assert see == [[1, 0, 0, 0, 0, 0],
+                   [1, 1, 0, 0, 0, 0],
+                   [1, 1, 1, 0, 0, 0],
+                   [1, 1, 1, 1, 0, 0],
+                   [1, 1, 0, 0, 1, 0],
+                   [1, 0, 0, 0, 0, 1]]
+    m = T.tree_mask(t, past=3)
+    assert m.shape == (1, 1, 6, 9)
+    assert (m[0, 0, :, :3] == 0).all()  # every row sees the whole cache
+    assert ((m[0, 0, :, 3:] == 0) == T.tree_visibility(t)).all()
+    assert (m[m != 0] == torch.finfo(torch.float32).min).all()
+
+
+def _prefill(model, ids):
+    cache = DynamicCache(config=model.config)
+    with torch.inference_mode():
+        model(input_ids=torch.tensor([ids[:-1]]), past_key_values=cache, use_cache=True)
+    return cache
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_one_tree_pass_equals_each_branch_alone_and_the_cache_keeps_a_path(seed):
+    rng = random.Random(seed)
+    model = tiny_llama(vocab=24, layers=2, seed=seed)
+    ids = [rng.randrange(24) for _ in range(9)]
+    branches = [T.Branch(a, [rng.randrange(3) for _ in range(rng.randrange(1, 5))]) for a in range(4)]
+    t = T.build_tree(branches)
+    cache = _prefill(model, ids)
+    with torch.inference_mode():
+        logits, _ = T.forward_tree(model, cache, ids[-1], t, len(ids))
+        for b in branches:
+            chain = model(input_ids=torch.tensor([ids + b.tokens])).logits[0, len(ids) - 1:]
+            rows = [0] + [n + 1 for n in t.paths[b.arm]]
+            torch.testing.assert_close(logits[rows], chain, atol=1e-4, rtol=1e-4)
+    kept = branches[seed % 2 - 1]  # the first branch (a crop does it) or the last (a gather)
+    path = t.paths[kept.arm][: rng.randrange(0, len(kept.tokens) + 1)]
+    T.keep_rows(cache, len(ids) - 1, [0] + [n + 1 for n in path])
+    assert_same_kv(cache, fresh_kv(model, ids + [t.tokens[n] for n in path]), "tree cache after keep_rows")
+
+
+def _full_trees(monkeypatch):
+    """Make metasd-tree put every awake arm in at its full length: large trees, many branches."""
+
+    def full(self, awake, kmax, ms, cost, budget):
+        m = self._awake(awake)
+        depths = tuple(int(k) if m[i] else 0 for i, k in enumerate(kmax))
+        lead = int(np.argmax(depths))
+        return Choice(lead, [d / max(sum(depths), 1) for d in depths], depths=depths)
+
+    monkeypatch.setattr(MetaSDTree, "decide_tree", full)
+
+
+@pytest.mark.parametrize("seed", range(5))
+@pytest.mark.parametrize("full", [False, True])
+def test_greedy_equals_the_targets_own_greedy(seed, full, monkeypatch):
+    if full:
+        _full_trees(monkeypatch)
+    rng = random.Random(seed)
+    bundle = tiny_bundle(vocab=20, seed=seed, noise=rng.choice([0.1, 0.4]), layers=2)
+    prompt = [rng.randrange(20) for _ in range(rng.randrange(4, 12))] * 2
+    rounds, s = run(bundle, prompt, policy="metasd-tree", max_new_tokens=40, gamma=rng.randrange(2, 6), seed=seed)
+    assert list(s.token_ids) == target_greedy(bundle, prompt, 40)
+    assert s.ids_verified == sum(r.ids_verified for r in rounds)
+    for r in rounds:  # the chain's fields describe the kept path
+        assert list(r.emitted[: r.accepted]) == list(r.draft[: r.accepted])
+        assert r.ids_verified <= max(r.tree_budget, 1) or full
+        assert sum(r.credit.values()) == pytest.approx(r.accepted)
+    if full:
+        assert sum(len(r.branches) for r in rounds) > 0
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_caches_match_fresh_prefill_after_tree_rounds(seed, monkeypatch):
+    _full_trees(monkeypatch)
+    rng = random.Random(seed)
+    bundle = tiny_bundle(vocab=20, seed=seed, noise=0.3, layers=3)
+    prompt = [rng.randrange(20) for _ in range(10)] * 2
+    seen = {"rounds": 0, "branches": 0}
+
+    def inspect(cache, ids, drafters):
+        seen["rounds"] += 1
+        assert_same_kv(cache, fresh_kv(bundle.target, ids[:-1]), f"target after round {seen['rounds']}")
+        for d in drafters:
+            if isinstance(d, ModelDrafter) and d.cached:
+                assert_same_kv(d.cache, fresh_kv(d.model, d.cached, d.offset), f"{d.name} after round {seen['rounds']}")
+
+    for temperature in (0.0, 1.0):
+        rounds, _ = run(bundle, prompt, policy="metasd-tree", max_new_tokens=30, temperature=temperature, seed=seed,
+                        inspect=inspect)
+        seen["branches"] += sum(len(r.branches) for r in rounds)
+    assert seen["rounds"] > 5 and seen["branches"] > 0, seen
+
+
+# ---- sampling: the emitted ids have the target's distribution ------------------------------------
+
+V = 4
+
+
+def _table(seed: int, zeros: bool) -> dict[tuple[int, ...], torch.Tensor]:
+    """A random distribution over V ids for every context of up to 3 ids (some ids 0 when asked)."""
+    g = torch.Generator().manual_seed(seed)
+    out = {}
+    for n in range(4):
+        for ctx in itertools.product(range(V), repeat=n):
+            w = torch.rand(V, generator=g) ** 2
+            if zeros:
+                w[torch.randperm(V, generator=g)[: V // 2]] = 0.0
+            out[ctx] = w / w.sum()
+    return out
+
+
+def _draw(q: torch.Tensor, g: torch.Generator) -> int:
+    return int(torch.multinomial(q, 1, generator=g).item())
+
+
+def _one_sample(p_tab, q_tabs, det_tabs, s, g) -> tuple[int, int]:
+    """One tree round over the context (), then the target itself to make two ids."""
+    branches = []
+    for a, qt in enumerate(q_tabs):  # sampled drafters: a chain drawn from their own q
+        toks, rows = [], []
+        for _ in range(3):
+            q = qt[tuple(toks)]
+            rows.append(q)
+            toks.append(_draw(q, g))
+        branches.append(T.Branch(a, toks, torch.stack(rows)))
+    for a, dt in enumerate(det_tabs, start=len(q_tabs)):  # deterministic: the table's argmax chain
+        toks = []
+        for _ in range(2):
+            toks.append(int(dt[tuple(toks)].argmax()))
+        branches.append(T.Branch(a, toks))
+    t = T.build_tree(branches)
+    ctxs = [()] + [tuple(t.tokens[m] for m in t.ancestors(n)) for n in range(len(t))]
+    logits = torch.stack([p_tab[c].clamp_min(1e-12).log() for c in ctxs])  # warp at T=1 gives p back
+    v = T.verify_sampled(logits, t, branches, s, g)
+    out = [t.tokens[n] for n in v.path] + [v.token]
+    while len(out) < 2:
+        out.append(_draw(p_tab[tuple(out)], g))
+    return out[0], out[1]
+
+
+@pytest.mark.parametrize("case", ["sampled", "deterministic", "mixed_with_zeros", "same_drafter_twice"])
+def test_tree_sampling_keeps_the_targets_distribution(case):
+    s = Sampling(temperature=1.0)
+    p_tab = _table(0, zeros=False)
+    q_tabs = {"sampled": [_table(1, False), _table(2, False)], "deterministic": [],
+              "mixed_with_zeros": [_table(3, True)], "same_drafter_twice": [_table(4, True), _table(4, True)]}[case]
+    det_tabs = {"sampled": [], "deterministic": [_table(5, False), _table(6, False), p_tab],
+                "mixed_with_zeros": [_table(7, False)], "same_drafter_twice": [p_tab]}[case]
+    g = torch.Generator().manual_seed(123)
+    n = 6000
+    counts: dict[tuple[int, int], int] = {}
+    for _ in range(n):
+        x = _one_sample(p_tab, q_tabs, det_tabs, s, g)
+        counts[x] = counts.get(x, 0) + 1
+    exact = {(a, b): float(p_tab[()][a] * p_tab[(a,)][b]) for a in range(V) for b in range(V)}
+    cells = [c for c in exact if exact[c] * n >= 5]
+    obs = [counts.get(c, 0) for c in cells] + [n - sum(counts.get(c, 0) for c in cells)]
+    exp = [exact[c] * n for c in cells] + [n - sum(exact[c] * n for c in cells)]
+    if exp[-1] < 1e-9:
+        obs, exp = obs[:-1], exp[:-1]
+    assert chisquare(obs, np.array(exp) * sum(obs) / sum(exp)).pvalue > 1e-3, (counts, exact)
+
+
+def test_tree_sampling_would_fail_without_the_residual(monkeypatch):
+    """The test above can fail: rejecting without moving p to the residual biases the output."""
+    monkeypatch.setattr(T, "residual", lambda p, q, x: p)
+    with pytest.raises(AssertionError):
+        test_tree_sampling_keeps_the_targets_distribution("deterministic")
+
+
+def test_engine_sampling_with_trees_matches_the_target(monkeypatch):
+    """End to end through the engine: the first two ids of a tiny target, chi-square."""
+    from tests.test_sampling import exact_joint
+
+    _full_trees(monkeypatch)
+    bundle = tiny_bundle(vocab=6, seed=3, noise=0.4, scale=2.0)
+    prompt = [1, 2, 3, 1, 2]
+    s = Sampling(temperature=1.0)
+    exact = exact_joint(bundle.target, prompt, s, n=2)
+    counts: dict[tuple[int, ...], int] = {}
+    n = 500
+    for seed in range(n):
+        _, summary = run(bundle, prompt, policy="metasd-tree", max_new_tokens=2, temperature=1.0, seed=seed)
+        counts[summary.token_ids] = counts.get(summary.token_ids, 0) + 1
+    cells = [c for c in exact if exact[c] * n >= 5]
+    obs = [counts.get(c, 0) for c in cells] + [n - sum(counts.get(c, 0) for c in cells)]
+    exp = [exact[c] * n for c in cells] + [n - sum(exact[c] * n for c in cells)]
+    assert all(c in exact and exact[c] > 0 for c in counts)
+    assert chisquare(obs, np.array(exp) * sum(obs) / sum(exp)).pvalue > 1e-3, (counts, exact)
+
+
+def test_policy_grows_the_tree_only_while_it_pays():
+    pol = MetaSDTree(3, seed=0)
+    flat = lambda n: 50.0  # noqa: E731 (verification costs the same for any count)
+    c = pol.decide_tree(None, kmax=[4, 4, 4], ms=[0.0, 0.0, 0.0], cost=flat, budget=9)
+    assert sum(c.depths) == 8  # unseen arms are optimistic: the budget fills
+    c = pol.decide_tree(None, kmax=[4, 4, 4], ms=[0.0, 0.0, 0.0], cost=flat, budget=13)
+    assert c.depths == (4, 4, 4)  # every arm never in a tree joins at its full length once
+    for _ in range(30):  # arm 0 always fully right, arm 1 never, arm 2 half the time per id
+        pol.observe_tree({0: [1.0] * 4, 1: [0.0] * 4, 2: [0.5] * 4})
+        pol.update(0, [1.0, 0.0, None])
+    steep = lambda n: 50.0 * (1 + 0.3 * (n - 1))  # noqa: E731 (every extra id costs 30% of a step)
+    c = pol.decide_tree([True, True, False], kmax=[4, 4, 4], ms=[0.0, 0.0, 0.0], cost=steep, budget=9)
+    assert c.depths[1] == 0 and c.depths[2] == 0 and c.depths[0] >= 1 and c.arm == 0
+    assert c.probabilities == [1.0, 0.0, 0.0]
+    c = pol.decide_tree(None, kmax=[4, 4, 4], ms=[0.0, 0.0, 500.0], cost=flat, budget=9)
+    assert c.depths[2] == 0  # a drafter whose ids cost ten verifications is left out
+    c = pol.decide_tree([False, True, True], kmax=[4, 4, 4], ms=[0.0, 0.0, 0.0], cost=steep, budget=9)
+    assert c.depths[1] == 0 and c.depths[2] >= 1  # free and sometimes right: in; never right: out
+
+
+def test_offline_model_greedy_identity_with_trees(offline, reference_model):
+    from tests.tiny import independent_greedy
+
+    for prompt in ("Repeat exactly: the cat sat on the mat. The cat sat on the mat.",
+                   "Write a Python function that adds two numbers."):
+        ids, ref = independent_greedy(reference_model, offline, prompt, 24)
+        rounds, s = run(offline, prompt, policy="metasd-tree", max_new_tokens=24)
+        assert list(s.token_ids) == ref, prompt
+        assert s.ids_verified >= s.target_calls
+
+
+def test_page_folds_other_branches_and_shows_tree_shares():
+    from metasd.ui import viz
+    from tests.test_viz import _event
+
+    colors = viz.drafter_colors(["prompt-lookup", "token-recycling"])
+    chain = _event()
+    assert viz.tree_fold_spans(chain, colors) == [] and viz.arm_shares(chain) == chain.probabilities
+    assert viz.tree_budget_note([chain]) == ""
+    branch = {"drafter": "token-recycling", "drafters": ["token-recycling"], "from": 1, "tokens": [3, 4],
+              "text": ["<i>", "x"], "accepted": 1}
+    ev = _event(branches=(branch,), ids_verified=6, tree_budget=8,
+                tree_share={"prompt-lookup": 0.6, "token-recycling": 0.4}, credit={"prompt-lookup": 1.0})
+    fold = viz.tree_fold_spans(ev, colors)
+    assert len(fold) == 1 and ">+2</sup>" in fold[0] and "<i>" not in fold[0] and "&lt;i&gt;" in fold[0]
+    assert fold[0] in "".join(viz.round_spans(ev, colors))  # folded after the kept path's spans
+    assert viz.arm_shares(ev) == {"prompt-lookup": 0.6, "token-recycling": 0.4}
+    fig = viz.arm_probability_figure([ev], colors)
+    assert [t.y[0] for t in fig.data[:2]] == [0.6, 0.4]
+    assert "up to 8 ids per pass, 6.0 verified per call, 1 of 1 rounds" in viz.tree_budget_note([ev])
