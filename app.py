@@ -30,8 +30,11 @@ from metasd.ui.config import (  # noqa: E402
     COMPARE_MAX_PROMPTS,
     EXAMPLES,
     GEN_CONCURRENCY,
+    GENERATE_HANDLERS,
     HAS_CUDA,
+    HOSTED,
     MAX_NEW_TOKENS,
+    MAX_WAITING,
     PAGE_EXAMPLE,
     PAGE_POLICY,
     PLUGIN_DRAFTERS,
@@ -45,7 +48,7 @@ from metasd.ui.files import TMP, TMP_MAX_AGE_S, write_logs  # noqa: E402
 from metasd.ui.generate import generate_view, measure_baseline, stop_generation  # noqa: E402
 from metasd.ui.playground import PLAYGROUND_DRAFTERS, run_playground  # noqa: E402
 from metasd.ui.replay import gallery, open_link, replay_at, replay_rounds, replay_view, stop_replay  # noqa: E402
-from metasd.ui.session import STOPS, Cancelled, RunRecord  # noqa: E402
+from metasd.ui.session import STOPS, Cancelled, RunRecord, gradio_unread, watch_streams  # noqa: E402
 from metasd.ui.tabs import build_compare_tab, build_generate_tab, build_playground_tab, build_replay_tab  # noqa: E402
 from metasd.ui.text import HEAD, HERO  # noqa: E402
 
@@ -55,7 +58,9 @@ _stops_lock = STOPS.lock
 
 # What tests and scripts reach as `app.<name>`: the handlers, the settings and the shared state.
 __all__ = [
-    "COMPARE_MAX_NEW_TOKENS", "COMPARE_MAX_PROMPTS", "EXAMPLES", "GEN_CONCURRENCY", "HAS_CUDA", "MAX_NEW_TOKENS", "MODEL",
+    "COMPARE_MAX_NEW_TOKENS", "COMPARE_MAX_PROMPTS", "EXAMPLES", "GEN_CONCURRENCY", "GENERATE_HANDLERS", "HAS_CUDA",
+    "HOSTED", "MAX_WAITING",
+    "MAX_NEW_TOKENS", "MODEL",
     "PAGE_EXAMPLE", "PAGE_POLICY", "PLAYGROUND_DRAFTERS", "PLUGIN_DRAFTERS", "PREFILL_THREADS", "PROMPT_SET_MAX_BYTES",
     "QUEUE_SIZE", "STOPS", "TMP", "TORCH_THREADS", "Cancelled", "RunRecord", "available_presets", "build_demo",
     "cancel_compare", "compare_prompt", "compare_set", "default_preset", "gallery", "generate_view", "get_bundle", "gpu",
@@ -75,7 +80,7 @@ def build_demo() -> gr.Blocks:
         record = gr.State(None)
         gr.HTML(HERO.format(pill="GPU" if HAS_CUDA else "CPU \u00b7 offline"))
         with gr.Tabs(elem_id="tabs") as tabs:
-            build_generate_tab(preset0, drafters0, baselines, record, GEN_CONCURRENCY)
+            build_generate_tab(preset0, drafters0, baselines, record, GENERATE_HANDLERS)
             build_compare_tab(preset0)
             build_replay_tab(demo, tabs, drafters0)
             build_playground_tab(demo)
@@ -114,7 +119,15 @@ def launch(demo: gr.Blocks | None = None, host: str | None = None, port: int | N
     """Queue (bounded) and serve the page; returns what Blocks.launch returns."""
     demo = demo or build_demo()
     h, p = server_address()
+    # Gradio's queue is bounded, but Generate's handlers all start at once and wait in the app's own line
+    # (MODEL), which tells each run its place, or that the class is full; the handlers' threads need room.
     demo.queue(max_size=QUEUE_SIZE, default_concurrency_limit=GEN_CONCURRENCY)
+    watch_streams(gradio_unread(demo))  # a run whose stream nobody reads leaves the line within seconds
+    kwargs.setdefault("max_threads", GENERATE_HANDLERS + 40)
+    logging.getLogger("metasd.app").info(
+        "serving: %d generation(s) at once on the model, up to %d waiting in line (then: the class is full); "
+        "%d torch thread(s) per generation (%s)", GEN_CONCURRENCY, MAX_WAITING, TORCH_THREADS,
+        "hosted: every core" if HOSTED else "local: a core left to the browser")
     kwargs.setdefault("share", False)  # no public share link unless the caller asks for one
     # Files are served only from the app's temp dir (and gradio's own upload/cache dirs); the source
     # tree and the model cache are blocked outright, whatever else is configured.

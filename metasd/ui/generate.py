@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import replace
 from typing import Any
 
@@ -14,7 +14,7 @@ import gradio as gr
 from metasd.bandits.policies import POLICIES, single_method
 from metasd.core.engine import encode_prompt, generate
 from metasd.core.numerics import first_divergence
-from metasd.core.streaming import EngineStream
+from metasd.core.streaming import EngineStream, Place, Ticket
 from metasd.core.validation import InvalidInput, clean_prompt
 from metasd.models.loading import Bundle
 from metasd.models.presets import DEFAULT_PRESET, PRESETS
@@ -33,7 +33,9 @@ from metasd.ui.config import (
 )
 from metasd.ui.errors import failure, refused
 from metasd.ui.frames import STREAM_PLACEHOLDER, baseline_key, final_status, frame, plot, stats
-from metasd.ui.session import STOPS, RunRecord, session_key
+from metasd.ui.session import STOPS, RunRecord, SessionReader, session_key
+
+WAIT_UPDATE_S = 1.0  # a waiting run's page hears from the line at least this often
 
 
 @gpu
@@ -54,12 +56,14 @@ def generate_view(prompt: str, preset: str = DEFAULT_PRESET, drafters: list[str]
     stop = threading.Event()
     text, events = _start_engine(bundle, prompt, drafters, settings, stop)
     key = session_key(request)
-    STOPS.start(key, stop)  # registered only now: a refused request leaves nothing behind
+    # Registered only now: a refused request leaves nothing behind. A browser session runs one generation
+    # at a time: its new Run stops the previous one (waiting or running); API calls without a session don't.
+    (STOPS.replace if request is not None and key != "api" else STOPS.start)(key, stop)
     record = RunRecord(preset=bundle.preset.name, prompt=text, settings=settings, all_drafters=names,
                        drafters=list(drafters) if drafters else names)
     view = viz.LiveView(viz.drafter_colors(names), record.drafters, placeholder=STREAM_PLACEHOLDER)
     try:
-        yield from _stream(events, stop, view, record, baselines)
+        yield from _stream(events, stop, view, record, baselines, key, SessionReader(key))
     finally:
         STOPS.end(key, stop)
 
@@ -92,29 +96,26 @@ def _start_engine(bundle: Bundle, prompt: Any, drafters: Any, settings: dict[str
 
 
 def _stream(events: Iterator[Any], stop: threading.Event, view: viz.LiveView, record: RunRecord,
-            baselines: dict | None) -> Iterator[tuple]:
-    """The page's frames: one at once (the run has started, or waits for the model), then the engine's.
-    However it ends, the engine's worker is closed and the model handed back."""
+            baselines: dict | None, key: str = "", reading: Callable[[], bool] = lambda: True) -> Iterator[tuple]:
+    """The page's frames: the run's place in the app's line while it waits (or that the class is full),
+    then the engine's. However it ends, the engine's worker is closed and the model handed back."""
     stream: EngineStream | None = None
-    held = False
+    ticket = None
     try:
-        # At once: the previous answer goes and the page shows that this one has started (or waits).
-        def start() -> EngineStream:  # the engine starts before the first frame is drawn: prefill runs meanwhile
-            return EngineStream(events, stop, max_fps=FRAME_FPS, torch_threads=None if HAS_CUDA else TORCH_THREADS,
-                                prefill_threads=None if HAS_CUDA else PREFILL_THREADS)
-
-        held = MODEL.try_acquire()
-        if held:
-            stream = start()
-        note = ("starting: prefill ..." if held else
-                "waiting for the model: another user's Compare run has it for one more step ...")
-        yield (*frame(view, record, baselines, None, note), None)
-        if not held:
-            MODEL.acquire()
-            held = True
-            stream = start()
-        assert stream is not None
-        yield from _engine_frames(stream, view, record, baselines)
+        ticket = MODEL.join(key, stop)
+        if ticket is None:  # past capacity: said at once, in the page's own words
+            yield (*frame(view, record, baselines, "the class is full", full_note()), None)
+            return
+        yield from _waiting_frames(ticket, view, record, baselines, reading)
+        if ticket.left:
+            why = "you pressed Stop" if ticket.left == "stopped" else "its stream was not read"
+            yield (*frame(view, record, baselines, f"left the line before starting: {why}"), None)
+            return
+        # The engine starts before the first frame is drawn: prefill runs meanwhile.
+        stream = EngineStream(events, stop, max_fps=FRAME_FPS, torch_threads=None if HAS_CUDA else TORCH_THREADS,
+                              prefill_threads=None if HAS_CUDA else PREFILL_THREADS)
+        yield (*frame(view, record, baselines, None, "starting: prefill ..."), None)
+        yield from _engine_frames(stream, view, record, baselines, reading)
     except InvalidInput as e:
         raise refused(e) from None
     except Exception as e:  # shown as a message, never a traceback; the log keeps the details
@@ -124,15 +125,60 @@ def _stream(events: Iterator[Any], stop: threading.Event, view: viz.LiveView, re
             stream.close()  # the worker ends within a round and frees the drafters' and the target's caches
         else:
             events.close()
-        if held:
-            MODEL.release()
+        if ticket is not None and ticket.admitted_at is not None:
+            MODEL.release(ticket)
+        elif ticket is not None:
+            MODEL.cancel(ticket)  # the page went away while waiting: out of the line at once
+
+
+def full_note() -> str:
+    """What a run refused at the door is told: the class is full, and when to come back."""
+    return (f"The class is full: {MODEL.waiting} runs are already waiting for the model on this server. "
+            f"Please press Run again in about {_duration(MODEL.retry_after_s())}.")
+
+
+def waiting_status(p: Place) -> str:
+    """A waiting run's status line: its place and the expected wait ("3rd in line, about 20 s")."""
+    return f"{_ordinal(p.place)} in line, about {_duration(p.eta_s)}"
+
+
+def _waiting_frames(ticket: Ticket, view: viz.LiveView, record: RunRecord, baselines: dict | None,
+                    reading: Callable[[], bool]) -> Iterator[tuple]:
+    """While the run waits: a full frame at once, then the status and numbers whenever the place changes
+    (at least every WAIT_UPDATE_S, which also tells whether the client still reads its stream)."""
+    skip = gr.skip()
+    said, said_at, first = "", 0.0, True
+    for place in MODEL.wait(ticket, reading=reading):
+        status = waiting_status(place)
+        note = (f"Waiting for the model: {place.running} run(s) on it now, {MODEL.waiting} in line. Stop takes "
+                "this run out of the line.")
+        if first:
+            yield (*frame(view, record, baselines, status, note), None)
+            first = False
+        elif status != said or time.perf_counter() - said_at >= WAIT_UPDATE_S:
+            yield (view.tokens_html(status), skip, skip, stats(view, record, baselines, note), skip, skip, skip)
+        else:
+            continue
+        said, said_at = status, time.perf_counter()
+
+
+def _ordinal(n: int) -> str:
+    suffix = "th" if 10 <= n % 100 <= 20 else {1: "st", 2: "nd", 3: "rd"}.get(n % 10, "th")
+    return f"{n}{suffix}"
+
+
+def _duration(s: float) -> str:
+    return f"{max(1, round(s))} s" if s < 90 else f"{round(s / 60)} min"
 
 
 def _engine_frames(stream: EngineStream, view: viz.LiveView, record: RunRecord,
-                   baselines: dict | None) -> Iterator[tuple]:
-    """One frame per batch of engine events, the last one complete and carrying the finished record."""
+                   baselines: dict | None, reading: Callable[[], bool] = lambda: True) -> Iterator[tuple]:
+    """One frame per batch of engine events, the last one complete and carrying the finished record. A
+    client that stopped reading its stream stops the run (its frames would pile up unread)."""
     plotted_at, plotted_rounds = -1e9, -1
     for batch, done in stream.batches():
+        if not reading():
+            stream.close(timeout=0)
         t_frame = time.perf_counter()
         for item in batch:
             view.add(item.event, item.t)
@@ -168,6 +214,10 @@ def _baseline_duration(record: RunRecord | None = None, *args: Any, **kwargs: An
         return gpu_duration(None)
 
 
+# Target-alone timings shared by every session: a class running the same example times it once.
+_MEASURED: dict[str, dict[str, Any]] = {}
+
+
 @gpu(duration=_baseline_duration)
 def measure_baseline(record: RunRecord | None, baselines: dict | None, auto: bool = True, forced: bool = False):
     """The target alone on the same prompt and token count, timed in this session (cached per prompt)."""
@@ -177,6 +227,13 @@ def measure_baseline(record: RunRecord | None, baselines: dict | None, auto: boo
     rounds = record.rounds
     n = rounds[-1].new_tokens
     key = baseline_key(record.preset, record.prompt, n)
+    if key not in baselines and not forced and key in _MEASURED:  # another session timed this prompt already
+        shared = _MEASURED[key]
+        baselines[key] = {**shared, "note": shared["note"].replace("in this session", "on this server")}
+    if key not in baselines and not forced and MODEL.waiting:
+        # Others wait for the model: their runs go first; this timing only on demand.
+        return stats(_record_view(record), record, baselines, f"Target alone not timed now: {MODEL.waiting} "
+                     "runs wait for the model. Press “Measure target alone” later."), baselines
     if key not in baselines or forced:
         bundle = bundle_for(record.preset)
         try:
@@ -187,12 +244,18 @@ def measure_baseline(record: RunRecord | None, baselines: dict | None, auto: boo
         note = f"Target alone measured on this prompt in this session: {len(out)} tokens in {secs:.2f} s."
         if record.settings["temperature"] == 0:
             note += " " + identity_note(bundle, record.prompt, ours, out)
-        baselines[key] = {"tokens_per_s": len(out) / secs if secs > 0 else 0.0, "note": note}
+        baselines[key] = _MEASURED[key] = {"tokens_per_s": len(out) / secs if secs > 0 else 0.0, "note": note}
+        while len(_MEASURED) > 256:  # bounded: the oldest measurement goes first
+            _MEASURED.pop(next(iter(_MEASURED)))
+    return stats(_record_view(record), record, baselines), baselines
+
+
+def _record_view(record: RunRecord) -> viz.LiveView:
     view = viz.LiveView(viz.drafter_colors(record.all_drafters), record.drafters)
-    for ev in [*rounds, record.summary]:
+    for ev in [*record.rounds, record.summary]:
         if ev is not None:
             view.add(ev, 0.0)
-    return stats(view, record, baselines), baselines
+    return view
 
 
 def identity_note(bundle: Bundle, prompt: str, ours: list[int], reference: list[int]) -> str:
