@@ -4,17 +4,24 @@ queue no model work. Drives the app's handlers in-process on the offline model; 
 
 from __future__ import annotations
 
+import copy
 import threading
 import time
 from types import SimpleNamespace
 from unittest import mock
 
 import pytest
+import torch
+from transformers import DynamicCache
 
+from metasd.core.batch import Rounds, VerifyPart, row_invariant, verify_together
+from metasd.core.engine import collect, generate, prepare, steps
 from metasd.core.streaming import FairSlots
+from metasd.models.cpu_linear import pack_linears
 from metasd.ui import generate as ui_generate
 from metasd.ui import playground as ui_playground
 from metasd.ui import session as ui_session
+from tests.tiny import tiny_bundle
 
 PROMPT = "Say hello to the class in one short sentence."
 
@@ -203,3 +210,87 @@ def test_page_load_queues_no_model_work(app):
     with mock.patch.object(app.MODEL, "acquire", side_effect=AssertionError("page load took the model")):
         first = ui_playground.playground_default()
     assert ui_playground.playground_default() is first  # computed once per server, not once per page
+
+
+# ----------------------------------------------------------------------------------------------
+# Rounds of many requests in one pass: each request's output is its solo output
+
+
+def _emitted(events) -> list[int]:
+    rounds, _ = collect(events)
+    return [t for ev in rounds for t in ev.emitted]
+
+
+def _together(bundle, prompts, kw_of, max_batch: int):
+    rounds = Rounds(bundle.target, max_batch=max_batch, idle_s=1.0)
+    streams = []
+    for i, p in enumerate(prompts):
+        req = prepare(bundle, p, **kw_of(i))
+        streams.append(rounds.submit(req, steps(req, None)))
+    return [_emitted(s) for s in streams], rounds
+
+
+@pytest.mark.parametrize("temperature, policy", [(0.0, "metasd-ucb"), (1.0, "round-robin")])
+def test_batched_rounds_give_each_request_its_solo_output_tiny(temperature, policy):
+    bundle = tiny_bundle(vocab=64)
+    assert pack_linears(bundle.target) > 0 and row_invariant(bundle.target)
+    g = torch.Generator().manual_seed(3)
+    prompts = [torch.randint(0, 64, (n,), generator=g).tolist() for n in (5, 17, 9, 30, 12, 3)]
+
+    def kw(i: int) -> dict:
+        return {"chat_template": False, "max_new_tokens": 24 + 4 * i, "temperature": temperature, "policy": policy,
+                "seed": i}
+
+    solo = [_emitted(generate(bundle, p, **kw(i))) for i, p in enumerate(prompts)]
+    together, rounds = _together(bundle, prompts, kw, max_batch=4)  # 6 requests: two join as others leave
+    assert together == solo
+    assert rounds.most >= 3 and rounds.share
+
+
+def test_unpacked_rows_are_not_invariant_so_passes_are_not_shared():
+    """Plain F.linear (MKL sgemm) gives a row other bits beside other rows: measured, and then not shared."""
+    bundle = tiny_bundle(vocab=64)
+    assert not row_invariant(bundle.target)
+    prompts = [[1, 2, 3, 4, 5, 6], [9, 8, 7, 6, 5, 4, 3, 2]]
+
+    def kw(i: int) -> dict:
+        return {"chat_template": False, "max_new_tokens": 20, "temperature": 0.0, "seed": i}
+
+    solo = [_emitted(generate(bundle, p, **kw(i))) for i, p in enumerate(prompts)]
+    together, rounds = _together(bundle, prompts, kw, max_batch=4)
+    assert together == solo and not rounds.share and rounds.most == 1
+
+
+def test_verify_together_is_bitwise_the_solo_pass_on_the_offline_model(app):
+    target = app.get_bundle("offline").target
+    assert row_invariant(target)
+    g = torch.Generator().manual_seed(0)
+    vocab = target.config.vocab_size
+    prompts = [torch.randint(0, vocab, (n,), generator=g).tolist() for n in (7, 40, 3)]
+    drafts = [torch.randint(0, vocab, (k,), generator=g).tolist() for k in (4, 0, 6)]
+    caches, solo = [], []
+    with torch.no_grad():
+        for p, d in zip(prompts, drafts, strict=True):
+            c = DynamicCache(config=target.config)
+            target(input_ids=torch.tensor([p[:-1]]), past_key_values=c, use_cache=True)
+            caches.append(c)
+            mine = copy.deepcopy(c)
+            pos = torch.arange(len(p) - 1, len(p) + len(d)).view(1, -1)
+            solo.append(target(input_ids=torch.tensor([[p[-1], *d]]), position_ids=pos, past_key_values=mine,
+                               use_cache=True).logits[0])
+    together = verify_together(target, [VerifyPart([p[-1], *d], len(p) - 1, c)
+                                        for p, d, c in zip(prompts, drafts, caches, strict=True)])
+    for a, b in zip(solo, together, strict=True):
+        assert torch.equal(a, b)
+
+
+def test_batched_rounds_give_each_request_its_solo_output_offline(app):
+    bundle = app.get_bundle("offline")
+    prompts = [e["turns"][0] for e in app.EXAMPLES[:4]]
+
+    def kw(i: int) -> dict:
+        return {"max_new_tokens": 24, "temperature": 0.0, "policy": app.PAGE_POLICY}
+
+    solo = [_emitted(generate(bundle, p, **kw(i))) for i, p in enumerate(prompts)]
+    together, rounds = _together(bundle, prompts, kw, max_batch=4)
+    assert together == solo and rounds.most >= 2

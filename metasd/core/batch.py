@@ -184,10 +184,14 @@ class Rounds:
     leave when done or stopped (a request's stop signal is read by its own step generator every round).
     At most `max_batch` requests share a pass; more wait, in order, for one to leave."""
 
-    def __init__(self, model: torch.nn.Module, max_batch: int, threads: int | None = None, idle_s: float = 30.0):
+    def __init__(self, model: torch.nn.Module, max_batch: int, threads: int | None = None, idle_s: float = 30.0,
+                 share: bool | None = None):
         if max_batch < 1:
             raise ValueError("max_batch must be at least 1")
         self.model, self.max_batch, self.threads, self.idle_s = model, max_batch, threads, idle_s
+        # Passes are shared only where no row's result depends on its neighbours (else each request has its own).
+        self.share = row_invariant(model) if share is None else share
+        self.most = 0  # the most requests one pass has verified
         self._joining: deque[_Member] = deque()
         self._members: list[_Member] = []
         self._cv = threading.Condition()
@@ -237,13 +241,14 @@ class Rounds:
         """One verification pass for every batchable request; white-box ones (hidden states) alone."""
         shared = [m for m in live if m.req.batchable]
         results: dict[int, tuple[torch.Tensor, Any]] = {}
-        if len(shared) > 1:
+        if len(shared) > 1 and self.share:
             for m, logits in zip(shared, verify_together(self.model, [m.x for m in shared]), strict=True):
                 results[id(m)] = (logits, None)
         for m in live:
             if id(m) not in results:
                 results[id(m)] = m.req.pass_alone(m.req.round)
-        self.together, self.passes = len(shared), self.passes + 1
+        self.together = len(shared) if self.share else 1
+        self.passes, self.most = self.passes + 1, max(self.most, self.together)
         return [results[id(m)] for m in live]
 
     def _advance(self, m: _Member, result: tuple[torch.Tensor, Any] | None) -> None:

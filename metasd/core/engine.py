@@ -158,6 +158,14 @@ def generate(bundle: Bundle, prompt: str | list[int], settings: Settings | None 
     `inspect(cache, ids, drafters)` is called after every round with the live state (tests use it to
     check the KV caches against a fresh prefill).
     """
+    return _rounds(prepare(bundle, prompt, settings, max_new_tokens_limit=max_new_tokens_limit, **overrides),
+                   stop, inspect)
+
+
+def prepare(bundle: Bundle, prompt: str | list[int], settings: Settings | None = None, *,
+            max_new_tokens_limit: int | None = None, **overrides: Any) -> Request:
+    """A checked Request, nothing run yet (generate's validation; raises InvalidInput). Drive it with
+    generate's own loop, or join it to shared rounds: Rounds.submit(req, steps(req, stop))."""
     given = {f.name: getattr(settings, f.name) for f in fields(Settings)} if settings is not None else {}
     unknown = set(overrides) - {f.name for f in fields(Settings)}
     if unknown:
@@ -178,7 +186,7 @@ def generate(bundle: Bundle, prompt: str | list[int], settings: Settings | None 
             f"gamma={st.gamma} it must be at most {bundle.max_context - st.max_new_tokens - st.gamma - 1:,} "
             f"tokens (the model's context is {bundle.max_context:,})"
         )
-    return _rounds(Request(bundle, text_prompt, prompt_ids, st), stop, inspect)
+    return Request(bundle, text_prompt, prompt_ids, st)
 
 
 @dataclass
