@@ -26,6 +26,7 @@ from metasd.ui.bundles import MODEL, available_presets, default_preset, drafters
 from metasd.ui.compare import cancel_compare, compare_prompt, compare_set  # noqa: E402
 from metasd.ui.config import (  # noqa: E402
     ASSETS,
+    BATCH,
     COMPARE_MAX_NEW_TOKENS,
     COMPARE_MAX_PROMPTS,
     EXAMPLES,
@@ -45,7 +46,7 @@ from metasd.ui.config import (  # noqa: E402
     gpu,
 )
 from metasd.ui.files import TMP, TMP_MAX_AGE_S, write_logs  # noqa: E402
-from metasd.ui.generate import generate_view, measure_baseline, stop_generation  # noqa: E402
+from metasd.ui.generate import generate_view, measure_baseline, start_rounds, stop_generation  # noqa: E402
 from metasd.ui.playground import PLAYGROUND_DRAFTERS, run_playground  # noqa: E402
 from metasd.ui.replay import gallery, open_link, replay_at, replay_rounds, replay_view, stop_replay  # noqa: E402
 from metasd.ui.session import STOPS, Cancelled, RunRecord, gradio_unread, watch_streams  # noqa: E402
@@ -148,7 +149,9 @@ def main(argv: list[str] | None = None) -> None:
         # behind it, and each generation's worker then gets its threads without contention
         # (metasd.core.streaming.in_fresh_thread).
         torch.set_num_threads(1)
-    get_bundle(default_preset())  # models load once, at start-up
+    bundle = get_bundle(default_preset())  # models load once, at start-up
+    if BATCH:
+        logging.getLogger("metasd.app").info(start_rounds(bundle))
     launch(host=a.host, port=a.port)
 
 

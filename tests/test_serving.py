@@ -294,3 +294,33 @@ def test_batched_rounds_give_each_request_its_solo_output_offline(app):
     solo = [_emitted(generate(bundle, p, **kw(i))) for i, p in enumerate(prompts)]
     together, rounds = _together(bundle, prompts, kw, max_batch=4)
     assert together == solo and rounds.most >= 2
+
+
+def test_page_runs_share_rounds_and_get_their_solo_answers(app):
+    """The serving path with shared rounds on: three sessions' runs at once, each its solo answer."""
+    bundle = app.get_bundle("offline")
+    prompts = [e["turns"][0] for e in app.EXAMPLES[4:7]]
+    solo = [_emitted(generate(bundle, p, max_new_tokens=20, policy=app.PAGE_POLICY)) for p in prompts]
+    slots = app.MODEL.slots
+    line = ui_generate.start_rounds(bundle)
+    try:
+        assert "shared rounds: up to" in line and ui_generate.ROUNDS is not None
+        outs: dict[int, list] = {}
+
+        def run(i: int) -> None:
+            outs[i] = list(app.generate_view(prompts[i], "offline", max_new_tokens=20, request=req(f"class-{i}")))
+
+        threads = [threading.Thread(target=run, args=(i,)) for i in range(3)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(300)
+        for i in range(3):
+            record = outs[i][-1][-1]
+            assert [t for ev in record.rounds for t in ev.emitted] == solo[i]
+        if app.MODEL.slots >= 3:
+            assert ui_generate.ROUNDS.most >= 2, "the runs never shared a pass"
+    finally:
+        ui_generate.ROUNDS = None
+        app.MODEL.resize(slots)
+    assert app.MODEL.running == 0 and app.MODEL.waiting == 0 and not app._stops

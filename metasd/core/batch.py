@@ -222,9 +222,16 @@ class Rounds:
             for m in list(self._members):
                 self._advance(m, None)
             live = [m for m in self._members if isinstance(m.x, VerifyPart)]
-            if live:
-                for m, result in zip(live, self._pass(live), strict=True):
-                    self._advance(m, result)
+            if not live:
+                continue
+            try:
+                results = self._pass(live)
+            except Exception as e:  # noqa: BLE001  (a failed pass fails its requests, never the driver)
+                for m in live:
+                    self._leave(m, e)
+                continue
+            for m, result in zip(live, results, strict=True):
+                self._advance(m, result)
 
     def _admit(self) -> bool:
         """Take joining requests up to max_batch; False (the thread ends) after idle_s with nobody."""

@@ -504,6 +504,11 @@ class Request:
 
 
 @torch.inference_mode()
+def drive(req: Request, stop: StopSignal = None, inspect: Inspect | None = None) -> Iterator[Event]:
+    """A prepared request's events, every verification on a pass of its own (as generate)."""
+    return _rounds(req, stop, inspect)
+
+
 def _rounds(req: Request, stop: StopSignal, inspect: Inspect | None) -> Iterator[Event]:
     """The prefill, then the round loop, each verification on this request's own pass (see steps)."""
     it = steps(req, stop, inspect)

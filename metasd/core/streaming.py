@@ -228,6 +228,14 @@ class FairSlots:
     def slots(self) -> int:
         return self._n
 
+    def resize(self, n: int) -> None:
+        """Hold at most `n` at once from now on (shared rounds measured at start-up: metasd.core.batch)."""
+        if n < 1:
+            raise ValueError("n must be at least 1")
+        with self._cv:
+            self._n = n
+            self._cv.notify_all()
+
     def acquire(self) -> None:
         me = Ticket()
         with self._cv:

@@ -64,6 +64,15 @@ HOSTED = bool(os.environ.get("SPACE_ID") or os.environ.get("PORT"))
 _CORES = os.cpu_count() or 2
 TORCH_THREADS = int(os.environ.get("METASD_TORCH_THREADS", "0")) or (
     max(1, _CORES // GEN_CONCURRENCY) if HOSTED else max(1, _CORES // (GEN_CONCURRENCY + 1)))
+# Rounds of many requests in one pass (metasd.core.batch): on where the server is hosted (a class on one
+# machine), off locally (one teacher's browser) unless $METASD_BATCH says otherwise; only on a CPU, only
+# where the target's linear layers are row-invariant (checked at start-up). The batch is bounded by the
+# pass-time cost model measured at start-up (each stream keeps at least 1/BATCH_SLOWDOWN of its solo
+# speed), by $METASD_KV_BUDGET_MB of KV caches and by $METASD_MAX_BATCH.
+BATCH = os.environ.get("METASD_BATCH", "1" if HOSTED else "0") == "1" and not HAS_CUDA
+BATCH_SLOWDOWN = float(os.environ.get("METASD_BATCH_SLOWDOWN", "4"))
+MAX_BATCH = int(os.environ.get("METASD_MAX_BATCH", "16"))
+KV_BUDGET_MB = int(os.environ.get("METASD_KV_BUDGET_MB", "2048"))
 # The prompt's prefill is one large batch, where more threads do pay: every core's share for it.
 PREFILL_THREADS = max(TORCH_THREADS, _CORES // GEN_CONCURRENCY)
 MAX_NEW_TOKENS = 1024 if HAS_CUDA else 512

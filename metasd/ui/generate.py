@@ -12,9 +12,10 @@ from typing import Any
 import gradio as gr
 
 from metasd.bandits.policies import POLICIES, single_method
-from metasd.core.engine import encode_prompt, generate
+from metasd.core.batch import Rounds, kv_bytes_per_token, measure_pass_cost, row_invariant
+from metasd.core.engine import encode_prompt, generate, prepare, steps
 from metasd.core.numerics import first_divergence
-from metasd.core.streaming import EngineStream, Place, Ticket
+from metasd.core.streaming import EngineStream, Place, Ticket, in_fresh_thread
 from metasd.core.validation import InvalidInput, clean_prompt
 from metasd.models.loading import Bundle
 from metasd.models.presets import DEFAULT_PRESET, PRESETS
@@ -22,8 +23,11 @@ from metasd.models.spaces import gpu_duration
 from metasd.ui import viz
 from metasd.ui.bundles import MODEL, available_presets, bundle_for, default_preset, drafters_of, get_bundle, measure_target
 from metasd.ui.config import (
+    BATCH_SLOWDOWN,
     FRAME_FPS,
     HAS_CUDA,
+    KV_BUDGET_MB,
+    MAX_BATCH,
     MAX_NEW_TOKENS,
     PAGE_POLICY,
     PLOT_INTERVAL_S,
@@ -86,13 +90,47 @@ def _start_engine(bundle: Bundle, prompt: Any, drafters: Any, settings: dict[str
     """The cleaned prompt and the engine's event stream (validated at once, nothing run yet)."""
     try:
         text = clean_prompt(prompt)
-        events = generate(bundle, text, drafters=list(drafters) if isinstance(drafters, list | tuple) else drafters,
-                          stop=stop, max_new_tokens_limit=MAX_NEW_TOKENS, **settings)
+        asked = list(drafters) if isinstance(drafters, list | tuple) else drafters
+        if ROUNDS is not None and bundle.target is ROUNDS.model:  # this server shares passes (start_rounds)
+            events = _shared(prepare(bundle, text, drafters=asked, max_new_tokens_limit=MAX_NEW_TOKENS, **settings),
+                             stop)
+        else:
+            events = generate(bundle, text, drafters=asked, stop=stop, max_new_tokens_limit=MAX_NEW_TOKENS, **settings)
     except InvalidInput as e:
         raise refused(e) from None
     except Exception as e:  # e.g. the tokenizer failing on something validation let through
         raise failure(e) from None
     return text, events
+
+
+# Rounds of many requests in one pass (metasd.core.batch.Rounds), where start_rounds set them up; else None.
+ROUNDS: Rounds | None = None
+
+
+def start_rounds(bundle: Bundle) -> str:
+    """Share the target's passes between this server's page runs, if its rows are invariant: the batch bound
+    from the pass-time cost model measured now and from the KV-cache budget; the admission slots follow it.
+    Returns the line for the startup log."""
+    global ROUNDS
+    if not row_invariant(bundle.target):
+        return "shared rounds: off (this target's linear layers give a row other bits beside other rows)"
+    cost = in_fresh_thread(lambda: measure_pass_cost(bundle.target), TORCH_THREADS, name="metasd-cost-model")
+    rows = bundle.preset.gamma + 1
+    by_time = cost.best_batch(rows, BATCH_SLOWDOWN)
+    per_request = kv_bytes_per_token(bundle.target) * min(bundle.max_context, 1024 + MAX_NEW_TOKENS)
+    by_memory = max(1, KV_BUDGET_MB * 2**20 // per_request)
+    n = max(1, min(by_time, by_memory, MAX_BATCH))
+    ROUNDS = Rounds(bundle.target, n, threads=TORCH_THREADS, share=True)
+    MODEL.resize(n)
+    passes = ", ".join(f"{r} rows {m:.0f} ms" for r, m in zip(cost.rows, cost.ms, strict=True))
+    return (f"shared rounds: up to {n} runs per pass (cost model: {passes}; at most {BATCH_SLOWDOWN:g}x a solo "
+            f"pass of {rows} rows -> {by_time}; KV budget {KV_BUDGET_MB} MB -> {by_memory}; cap {MAX_BATCH})")
+
+
+def _shared(req: Any, stop: threading.Event) -> Iterator[Any]:
+    """The request's events from the shared rounds; it joins them only once its stream starts (admitted)."""
+    assert ROUNDS is not None
+    yield from ROUNDS.submit(req, steps(req, stop))
 
 
 def _stream(events: Iterator[Any], stop: threading.Event, view: viz.LiveView, record: RunRecord,
@@ -112,8 +150,9 @@ def _stream(events: Iterator[Any], stop: threading.Event, view: viz.LiveView, re
             yield (*frame(view, record, baselines, f"left the line before starting: {why}"), None)
             return
         # The engine starts before the first frame is drawn: prefill runs meanwhile.
-        stream = EngineStream(events, stop, max_fps=FRAME_FPS, torch_threads=None if HAS_CUDA else TORCH_THREADS,
-                              prefill_threads=None if HAS_CUDA else PREFILL_THREADS)
+        own = HAS_CUDA or ROUNDS is not None  # shared rounds: torch runs in the rounds' thread, not this stream's
+        stream = EngineStream(events, stop, max_fps=FRAME_FPS, torch_threads=None if own else TORCH_THREADS,
+                              prefill_threads=None if own else PREFILL_THREADS)
         yield (*frame(view, record, baselines, None, "starting: prefill ..."), None)
         yield from _engine_frames(stream, view, record, baselines, reading)
     except InvalidInput as e:
@@ -193,11 +232,17 @@ def _engine_frames(stream: EngineStream, view: viz.LiveView, record: RunRecord,
         skip = gr.skip()
         slow: tuple[Any, ...] = (skip, skip, skip, skip)
         if t_frame - plotted_at >= PLOT_INTERVAL_S * (1 + len(view.rounds) / 100) and len(view.rounds) != plotted_rounds:
-            note = f"round {len(view.rounds)} \u00b7 {view.new_tokens} tokens \u00b7 streaming ..."
+            note = f"round {len(view.rounds)} \u00b7 {view.new_tokens} tokens \u00b7 streaming{_company()} ..."
             slow = (plot(view.arm_json()), plot(view.regret_json()), stats(view, record, baselines, note), view.table())
             plotted_at, plotted_rounds = t_frame, len(view.rounds)
         yield (view.tokens_html(), *slow, view.text(), skip)
         stream.frame_cost(time.perf_counter() - t_frame)
+
+
+def _company() -> str:
+    """ \u00b7 served together with N other runs (shared rounds), or nothing."""
+    others = ROUNDS.together - 1 if ROUNDS is not None else 0
+    return f" \u00b7 served together with {others} other run{'s' if others != 1 else ''}" if others > 0 else ""
 
 
 def stop_generation(request: gr.Request = None) -> None:
