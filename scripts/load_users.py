@@ -151,6 +151,7 @@ def main() -> None:
     ap.add_argument("--max-new-tokens", type=int, default=64)
     ap.add_argument("--timeout", type=float, default=600.0, help="seconds a user waits at most for its answer")
     ap.add_argument("--max-users", type=int, default=64)
+    ap.add_argument("--prompts", type=int, default=4, help="distinct page examples the users cycle through")
     ap.add_argument("--batching", choices=["on", "off"], default="on",
                     help="$METASD_BATCH for the server (rounds of many requests in one pass)")
     a = ap.parse_args()
@@ -158,7 +159,7 @@ def main() -> None:
         ap.error(f"at most --max-users={a.max_users} users")
     import app
 
-    prompts = [e["turns"][0] for e in app.EXAMPLES]
+    prompts = [e["turns"][0] for e in app.EXAMPLES][: a.prompts]
     solo = solo_answers(prompts, a.max_new_tokens)
     port = free_port()
     env = scrubbed_env(SPACE_ID="local/metasd-load", PORT=str(port), METASD_BATCH="1" if a.batching == "on" else "0")
