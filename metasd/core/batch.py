@@ -104,13 +104,18 @@ def _eager_missing(*args: object, **kwargs: object) -> None:
 
 @torch.no_grad()
 def row_invariant(model: torch.nn.Module, rows: int = 48, seed: int = 0) -> bool:
-    """Whether every linear layer of `model` gives each row the same bits alone and beside up to `rows`
-    others (batching can then never change a request's output)."""
+    """Whether every kind of linear layer of `model` (type and shape) gives each row the same bits alone and
+    beside up to `rows` others (batching then changes no request's output)."""
     g = torch.Generator().manual_seed(seed)
     dev = next(model.parameters()).device
+    seen: set[tuple] = set()
     for m in model.modules():
         if not hasattr(m, "in_features") or not hasattr(m, "out_features"):
             continue
+        kind = (type(m), m.in_features, m.out_features)  # the kernel is chosen per type and shape: one probe each
+        if kind in seen:
+            continue
+        seen.add(kind)
         x = torch.randn(rows, m.in_features, generator=g).to(dev)
         together = m(x)
         for j in (0, 1, rows // 2, rows - 1):
