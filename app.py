@@ -26,12 +26,16 @@ from metasd.ui.bundles import MODEL, available_presets, default_preset, drafters
 from metasd.ui.compare import cancel_compare, compare_prompt, compare_set  # noqa: E402
 from metasd.ui.config import (  # noqa: E402
     ASSETS,
+    BATCH,
     COMPARE_MAX_NEW_TOKENS,
     COMPARE_MAX_PROMPTS,
     EXAMPLES,
     GEN_CONCURRENCY,
+    GENERATE_HANDLERS,
     HAS_CUDA,
+    HOSTED,
     MAX_NEW_TOKENS,
+    MAX_WAITING,
     PAGE_EXAMPLE,
     PAGE_POLICY,
     PLUGIN_DRAFTERS,
@@ -43,10 +47,10 @@ from metasd.ui.config import (  # noqa: E402
 )
 from metasd.ui.errors import name_input_errors  # noqa: E402
 from metasd.ui.files import TMP, TMP_MAX_AGE_S, write_logs  # noqa: E402
-from metasd.ui.generate import generate_view, measure_baseline, stop_generation  # noqa: E402
+from metasd.ui.generate import generate_view, measure_baseline, start_rounds, stop_generation  # noqa: E402
 from metasd.ui.playground import PLAYGROUND_DRAFTERS, run_playground  # noqa: E402
 from metasd.ui.replay import gallery, open_link, replay_at, replay_rounds, replay_view, stop_replay  # noqa: E402
-from metasd.ui.session import STOPS, Cancelled, RunRecord  # noqa: E402
+from metasd.ui.session import STOPS, Cancelled, RunRecord, gradio_unread, watch_streams  # noqa: E402
 from metasd.ui.tabs import build_compare_tab, build_generate_tab, build_playground_tab, build_replay_tab  # noqa: E402
 from metasd.ui.text import HEAD, HERO  # noqa: E402
 
@@ -56,7 +60,9 @@ _stops_lock = STOPS.lock
 
 # What tests and scripts reach as `app.<name>`: the handlers, the settings and the shared state.
 __all__ = [
-    "COMPARE_MAX_NEW_TOKENS", "COMPARE_MAX_PROMPTS", "EXAMPLES", "GEN_CONCURRENCY", "HAS_CUDA", "MAX_NEW_TOKENS", "MODEL",
+    "COMPARE_MAX_NEW_TOKENS", "COMPARE_MAX_PROMPTS", "EXAMPLES", "GEN_CONCURRENCY", "GENERATE_HANDLERS", "HAS_CUDA",
+    "HOSTED", "MAX_WAITING",
+    "MAX_NEW_TOKENS", "MODEL",
     "PAGE_EXAMPLE", "PAGE_POLICY", "PLAYGROUND_DRAFTERS", "PLUGIN_DRAFTERS", "PREFILL_THREADS", "PROMPT_SET_MAX_BYTES",
     "QUEUE_SIZE", "RUN_MAX_BYTES", "STOPS", "TMP", "TORCH_THREADS", "Cancelled", "RunRecord", "available_presets", "build_demo",
     "cancel_compare", "compare_prompt", "compare_set", "default_preset", "gallery", "generate_view", "get_bundle", "gpu",
@@ -76,7 +82,7 @@ def build_demo() -> gr.Blocks:
         record = gr.State(None)
         gr.HTML(HERO.format(pill="GPU" if HAS_CUDA else "CPU \u00b7 offline"))
         with gr.Tabs(elem_id="tabs") as tabs:
-            build_generate_tab(preset0, drafters0, baselines, record, GEN_CONCURRENCY)
+            build_generate_tab(preset0, drafters0, baselines, record, GENERATE_HANDLERS)
             build_compare_tab(preset0)
             build_replay_tab(demo, tabs, drafters0)
             build_playground_tab(demo)
@@ -116,7 +122,15 @@ def launch(demo: gr.Blocks | None = None, host: str | None = None, port: int | N
     """Queue (bounded) and serve the page; returns what Blocks.launch returns."""
     demo = demo or build_demo()
     h, p = server_address()
+    # Gradio's queue is bounded, but Generate's handlers all start at once and wait in the app's own line
+    # (MODEL), which tells each run its place, or that the class is full; the handlers' threads need room.
     demo.queue(max_size=QUEUE_SIZE, default_concurrency_limit=GEN_CONCURRENCY)
+    watch_streams(gradio_unread(demo))  # a run whose stream nobody reads leaves the line within seconds
+    kwargs.setdefault("max_threads", GENERATE_HANDLERS + 40)
+    logging.getLogger("metasd.app").info(
+        "serving: %d generation(s) at once on the model, up to %d waiting in line (then: the class is full); "
+        "%d torch thread(s) per generation (%s)", GEN_CONCURRENCY, MAX_WAITING, TORCH_THREADS,
+        "hosted: every core" if HOSTED else "local: a core left to the browser")
     kwargs.setdefault("share", False)  # no public share link unless the caller asks for one
     # Uploads: gradio's cap is the largest file any tab takes (a run file, RUN_MAX_BYTES); each handler then
     # checks its own cap (a prompt set: PROMPT_SET_MAX_BYTES) with a message of its own.
@@ -139,7 +153,9 @@ def main(argv: list[str] | None = None) -> None:
         # behind it, and each generation's worker then gets its threads without contention
         # (metasd.core.streaming.in_fresh_thread).
         torch.set_num_threads(1)
-    get_bundle(default_preset())  # models load once, at start-up
+    bundle = get_bundle(default_preset())  # models load once, at start-up
+    if BATCH:
+        logging.getLogger("metasd.app").info(start_rounds(bundle))
     launch(host=a.host, port=a.port)
 
 

@@ -139,7 +139,11 @@ def main() -> None:
     ap.add_argument("--long", type=int, default=512, help="also one long answer, for the bytes streamed (0: skip)")
     ap.add_argument("--default-threads", action="store_true",
                     help="the engine alone with torch's default threads (as the CLI) instead of the page's")
+    ap.add_argument("--space", action="store_true",
+                    help="start the app as a Space starts it (SPACE_ID and PORT set; still bound to 127.0.0.1)")
     a = ap.parse_args()
+    if a.space:  # before app is imported: its thread settings are read once, at import
+        os.environ["SPACE_ID"] = "local/metasd-measure"
     import app
     from tests.test_start import free_port, scrubbed_env, started
 
@@ -148,7 +152,11 @@ def main() -> None:
     env.pop("OMP_NUM_THREADS")  # torch's own default, as for a user
     env.update({k: v for k, v in os.environ.items() if k.startswith("METASD_")})  # e.g. METASD_FRAME_FPS to compare
     port = free_port()
-    with started([sys.executable, "app.py", "--port", str(port)], env, port) as served:
+    cmd = [sys.executable, "app.py", "--port", str(port)]
+    if a.space:
+        env.update({"SPACE_ID": "local/metasd-measure", "PORT": str(port)})
+        cmd += ["--host", "127.0.0.1"]
+    with started(cmd, env, port) as served:
         report(served.url, generate_fn_index(served.url), bundle, app, a)
     print(tiny_frames())
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Generator, Iterator
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
@@ -22,6 +22,7 @@ from transformers import DynamicCache
 from metasd.bandits.policies import Choice, make_policy
 from metasd.bandits.priors import Priors, load_priors
 from metasd.core import lanes, tree
+from metasd.core.batch import VerifyPart
 from metasd.core.costs import EXTRA_ID_PRIOR, EXTRA_ID_PRIOR_PACKED, VerifyCost, best_length, expected_accepted, reward
 from metasd.core.events import DrafterStats, Event, RoundEvent, Summary
 from metasd.core.sampling import Sampling, Verdict, verify, warp
@@ -158,6 +159,14 @@ def generate(bundle: Bundle, prompt: str | list[int], settings: Settings | None 
     `inspect(cache, ids, drafters)` is called after every round with the live state (tests use it to
     check the KV caches against a fresh prefill).
     """
+    return _rounds(prepare(bundle, prompt, settings, max_new_tokens_limit=max_new_tokens_limit, **overrides),
+                   stop, inspect)
+
+
+def prepare(bundle: Bundle, prompt: str | list[int], settings: Settings | None = None, *,
+            max_new_tokens_limit: int | None = None, **overrides: Any) -> Request:
+    """A checked Request, nothing run yet (generate's validation; raises InvalidInput). Drive it with
+    generate's own loop, or join it to shared rounds: Rounds.submit(req, steps(req, stop))."""
     given = {f.name: getattr(settings, f.name) for f in fields(Settings)} if settings is not None else {}
     unknown = set(overrides) - {f.name for f in fields(Settings)}
     if unknown:
@@ -178,7 +187,7 @@ def generate(bundle: Bundle, prompt: str | list[int], settings: Settings | None 
             f"gamma={st.gamma} it must be at most {bundle.max_context - st.max_new_tokens - st.gamma - 1:,} "
             f"tokens (the model's context is {bundle.max_context:,})"
         )
-    return _rounds(Request(bundle, text_prompt, prompt_ids, st), stop, inspect)
+    return Request(bundle, text_prompt, prompt_ids, st)
 
 
 @dataclass
@@ -240,6 +249,7 @@ class Request:
         self.chosen_scored = 0.0  # full information: expected tokens of the arms actually pulled
         self.stop_reason = "max_new_tokens"
         self.prefill_s = 0.0  # the prompt's pass runs with the first round (start): in the thread that drives us
+        self.round: Round | None = None  # the round in progress
 
     def start(self) -> None:
         """The prompt's prefill. Deferred from the constructor so that it runs in the thread that consumes
@@ -332,17 +342,35 @@ class Request:
     def verify(self, r: Round) -> None:
         """One target pass over the last id and the draft (row j of the logits checks draft[j]); then the
         cache rolls back to ids + the accepted draft (the target's own token is fed next round)."""
+        self.verify_part(r)
+        self.take_verdict(r, *self.pass_alone(r))
+
+    def verify_part(self, r: Round) -> VerifyPart:
+        """What this round's verification feeds the target: the last id, then the draft, from its position."""
         r.start = len(self.ids)
         r.inputs = [self.ids[-1]] + r.tokens
+        return VerifyPart(r.inputs, r.start - 1, self.cache)
+
+    def pass_alone(self, r: Round) -> tuple[torch.Tensor, Any]:
+        """The verification pass on this request alone: its logits and (white-box readers) hidden states."""
         pos = torch.arange(r.start - 1, r.start + len(r.tokens), device=self.dev).view(1, -1)
         out = self.bundle.target(input_ids=torch.tensor([r.inputs], device=self.dev), position_ids=pos,
                                  past_key_values=self.cache, use_cache=True, output_hidden_states=bool(self.readers))
-        r.logits = out.logits[0]
+        return out.logits[0], out.hidden_states
+
+    def take_verdict(self, r: Round, logits: torch.Tensor, hidden_states: Any = None) -> None:
+        """The verdict on the draft from the pass's logits; the cache rolls back to ids + the accepted draft."""
+        r.logits = logits
         r.verdict = verify(r.logits, torch.tensor(r.tokens, dtype=torch.long, device=self.dev), r.q, self.s,
                            self.g_target)
         crop_to(self.cache, r.start + r.verdict.accepted)
         for d in self.readers:  # the kept positions: the last id and the accepted draft
-            d.take_features(r.start - 1, out.hidden_states, r.verdict.accepted + 1)
+            d.take_features(r.start - 1, hidden_states, r.verdict.accepted + 1)
+
+    @property
+    def batchable(self) -> bool:
+        """Whether its verification may share a pass: white-box arms read hidden states a shared pass lacks."""
+        return not self.readers
 
     def accept(self, r: Round, clock: Clock) -> None:
         """Append what was kept (the accepted draft and the target's token, up to an end-of-sequence
@@ -482,8 +510,29 @@ class Request:
 
 
 @torch.inference_mode()
+def drive(req: Request, stop: StopSignal = None, inspect: Inspect | None = None) -> Iterator[Event]:
+    """A prepared request's events, every verification on a pass of its own (as generate)."""
+    return _rounds(req, stop, inspect)
+
+
 def _rounds(req: Request, stop: StopSignal, inspect: Inspect | None) -> Iterator[Event]:
-    """The prefill, then the round loop: pick an arm, draft, verify, keep what passed, score, learn, emit."""
+    """The prefill, then the round loop, each verification on this request's own pass (see steps)."""
+    it = steps(req, stop, inspect)
+    x = next(it, None)
+    while x is not None:
+        if isinstance(x, VerifyPart):
+            x = it.send(req.pass_alone(req.round))
+        else:
+            yield x
+            x = next(it, None)
+
+
+def steps(req: Request, stop: StopSignal, inspect: Inspect | None = None
+          ) -> Generator[Event | VerifyPart, tuple[torch.Tensor, Any], None]:
+    """The prefill, then the round loop: pick an arm, draft, verify, keep what passed, score, learn, emit.
+    Verification is asked of the driver: the generator yields the round's VerifyPart and receives the
+    pass's (logits, hidden states) back, from a pass of its own (_rounds) or one shared with other
+    requests (metasd.core.batch.Rounds). Everything else is this request's own."""
     req.start()
     while not req.done:
         if _stopped(stop):
@@ -493,18 +542,19 @@ def _rounds(req: Request, stop: StopSignal, inspect: Inspect | None) -> Iterator
         clock = Clock()
         awake = req.wake()
         clock.lap("wake")
-        if req.policy.tree:  # a token tree of several arms' drafts (metasd/core/tree.py)
+        if req.policy.tree:  # a token tree of several arms' drafts, on a pass of its own (metasd/core/tree.py)
             ev, eos = tree.play_round(req, awake, clock, inspect)
             yield ev
             if eos:
                 req.stop_reason = "eos"
                 break
             continue
-        r = req.pick(awake)
+        r = req.round = req.pick(awake)
         clock.lap("pick")
         req.draft(r)
         clock.lap("draft")
-        req.verify(r)
+        logits, hidden = yield req.verify_part(r)
+        req.take_verdict(r, logits, hidden)
         clock.lap("verify")
         req.accept(r, clock)
         clock.lap("accept")

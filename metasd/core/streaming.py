@@ -25,7 +25,7 @@ import time
 from collections import deque
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 import torch
@@ -194,32 +194,76 @@ def in_fresh_thread(fn: Callable[[], T], threads: int | None = None, name: str =
     return box["out"]
 
 
+@dataclass(eq=False)
+class Ticket:
+    """One place in FairSlots' line: whose run (`key`), the run's stop signal, when it joined."""
+
+    key: str = ""
+    stop: threading.Event | None = None
+    joined: float = field(default_factory=time.perf_counter)
+    admitted_at: float | None = None
+    left: str = ""  # why it left the line without a slot: "stopped" or "abandoned"
+
+
+@dataclass(frozen=True)
+class Place:
+    """Where a waiting ticket stands: 1 = next; `eta_s`: the expected wait, from recent runs' lengths."""
+
+    place: int
+    running: int
+    eta_s: float
+
+
 class FairSlots:
-    """At most `n` holders at once, served strictly first come, first served.
+    """At most `n` holders at once, served strictly first come, first served, with at most `max_waiting`
+    in line (None: no bound).
 
     The model is one shared resource: a Generate request and a long Compare run take turns on it,
     the Compare run one step at a time, so a Generate request waits for at most one step and never
     for the whole prompt set. (A plain semaphore would let the Compare run re-take the slot it just
-    released before the waiting request wakes up.)
+    released before the waiting request wakes up.) A page's run joins with a ticket (`join`), sees its
+    place while it waits (`wait`), and leaves the line at once when its Stop is set or its reader is
+    gone; a full line refuses at once, with `retry_after_s` to say when to come back.
     """
 
-    def __init__(self, n: int = 1):
+    def __init__(self, n: int = 1, max_waiting: int | None = None, service_s: float = 10.0):
         if n < 1:
             raise ValueError("n must be at least 1")
         self._n = n
+        self.max_waiting = max_waiting
         self._busy = 0
-        self._queue: deque[object] = deque()
+        self._queue: deque[Ticket] = deque()
         self._cv = threading.Condition()
+        self.service_s = service_s  # a page run's mean time on the model (moving average)
+
+    @property
+    def slots(self) -> int:
+        return self._n
+
+    def resize(self, n: int) -> None:
+        """Hold at most `n` at once from now on (shared rounds measured at start-up: metasd.core.batch)."""
+        if n < 1:
+            raise ValueError("n must be at least 1")
+        with self._cv:
+            self._n = n
+            self._cv.notify_all()
 
     def acquire(self) -> None:
-        me = object()
+        me = Ticket()
         with self._cv:
             self._queue.append(me)
-            while self._queue[0] is not me or self._busy >= self._n:
+            while not self._admissible(me):
                 self._cv.wait()
-            self._queue.popleft()
-            self._busy += 1
-            self._cv.notify_all()  # the next in line may take another free slot
+            self._admit(me)
+
+    def _admissible(self, t: Ticket) -> bool:
+        return self._queue[0] is t and self._busy < self._n
+
+    def _admit(self, t: Ticket) -> None:
+        self._queue.popleft()
+        self._busy += 1
+        t.admitted_at = time.perf_counter()
+        self._cv.notify_all()  # the next in line may take another free slot
 
     def try_acquire(self) -> bool:
         with self._cv:
@@ -228,11 +272,14 @@ class FairSlots:
             self._busy += 1
             return True
 
-    def release(self) -> None:
+    def release(self, ticket: Ticket | None = None) -> None:
         with self._cv:
             if self._busy <= 0:
                 raise RuntimeError("release without acquire")
             self._busy -= 1
+            if ticket is not None and ticket.admitted_at is not None:  # a page run: learn how long runs hold it
+                held = time.perf_counter() - ticket.admitted_at
+                self.service_s = 0.7 * self.service_s + 0.3 * held
             self._cv.notify_all()
 
     @contextmanager
@@ -243,7 +290,63 @@ class FairSlots:
         finally:
             self.release()
 
+    def join(self, key: str = "", stop: threading.Event | None = None) -> Ticket | None:
+        """A place at the end of the line, or None when `max_waiting` runs already wait (the line is full)."""
+        with self._cv:
+            if self.max_waiting is not None and len(self._queue) >= self.max_waiting:
+                return None
+            t = Ticket(key, stop)
+            self._queue.append(t)
+            return t
+
+    def wait(self, ticket: Ticket, poll: float = 0.25, reading: Callable[[], bool] = lambda: True) -> Iterator[Place]:
+        """Wait for a slot, yielding the ticket's Place at least every `poll` seconds. Ends when the ticket
+        holds a slot (ticket.admitted_at set; give it back with release(ticket)), or when it left the line:
+        its stop was set (ticket.left = "stopped") or `reading()` said nobody reads its stream ("abandoned")."""
+        while True:
+            with self._cv:
+                if self._admissible(ticket):
+                    self._admit(ticket)
+                    return
+                gone = "stopped" if ticket.stop is not None and ticket.stop.is_set() else ""
+                gone = gone or ("" if reading() else "abandoned")
+                if gone:
+                    self._remove(ticket, gone)
+                    return
+                place = self._place(ticket)
+            yield place
+            with self._cv:
+                if not self._admissible(ticket):
+                    self._cv.wait(poll)
+
+    def _remove(self, ticket: Ticket, why: str) -> None:
+        self._queue.remove(ticket)
+        ticket.left = why
+        self._cv.notify_all()  # the one behind may now be first
+
+    def _place(self, ticket: Ticket) -> Place:
+        place = self._queue.index(ticket) + 1
+        # The runs ahead, plus half a run (on average) until a running one gives its slot back.
+        ahead = (place - 1) + (0.5 * self._n if self._busy >= self._n else 0.0)
+        return Place(place, self._busy, ahead * self.service_s / self._n)
+
+    def retry_after_s(self) -> float:
+        """When a refused run may come back: the time for a tenth of the line to drain (at least 10 s)."""
+        with self._cv:
+            return max(10.0, (len(self._queue) / 10) * self.service_s / self._n)
+
+    def cancel(self, ticket: Ticket) -> None:
+        """Take a waiting ticket out of the line (a no-op once it holds a slot or has left)."""
+        with self._cv:
+            if ticket in self._queue:
+                self._remove(ticket, "stopped")
+
     @property
     def waiting(self) -> int:
         with self._cv:
             return len(self._queue)
+
+    @property
+    def running(self) -> int:
+        with self._cv:
+            return self._busy

@@ -19,12 +19,12 @@ from metasd.core.streaming import FairSlots, in_fresh_thread
 from metasd.core.validation import InvalidInput
 from metasd.models.loading import Bundle, load_bundle
 from metasd.models.presets import DEFAULT_PRESET, PRESETS
-from metasd.ui.config import GEN_CONCURRENCY, HAS_CUDA, PREFILL_THREADS, TORCH_THREADS
+from metasd.ui.config import GEN_CONCURRENCY, HAS_CUDA, MAX_WAITING, PREFILL_THREADS, TORCH_THREADS
 from metasd.ui.errors import free_memory, refused
 
 # The model, shared by every request: Generate holds it for a whole answer, Compare one run at a time,
-# first come first served, so nobody waits for a whole prompt set.
-MODEL = FairSlots(GEN_CONCURRENCY)
+# first come first served, so nobody waits for a whole prompt set; at most MAX_WAITING page runs in line.
+MODEL = FairSlots(GEN_CONCURRENCY, max_waiting=MAX_WAITING)
 
 # Loaded presets, least recently used first. At most MAX_BUNDLES stay loaded (the least recently used beyond
 # that is unloaded); the lock guards only these dicts, never a load, so no request waits for another's load.

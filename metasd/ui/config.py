@@ -1,8 +1,8 @@
 """What the machine and the operator decide, read once at import: the GPU (and ZeroGPU), how many
 generations run at once, the limits of a request, the page's defaults and its examples.
 
-Environment: $METASD_CONCURRENCY, $METASD_QUEUE_SIZE, $METASD_TORCH_THREADS, $METASD_FRAME_FPS, $METASD_PLOT_INTERVAL,
-$METASD_PRESET (see bundles.default_preset) and $METASD_PLUGINS.
+Environment: $METASD_CONCURRENCY, $METASD_QUEUE_SIZE, $METASD_MAX_WAITING, $METASD_TORCH_THREADS,
+$METASD_FRAME_FPS, $METASD_PLOT_INTERVAL, $METASD_PRESET (see bundles.default_preset) and $METASD_PLUGINS.
 """
 
 from __future__ import annotations
@@ -44,16 +44,37 @@ ROOT, ASSETS = paths.ROOT, paths.ASSETS  # the repository (app.py, metasd/, asse
 HAS_CUDA = torch.cuda.is_available()
 # Generations that may run at once (each one holds the model): 1 on a CPU, 2 on a GPU.
 GEN_CONCURRENCY = int(os.environ.get("METASD_CONCURRENCY", "2" if HAS_CUDA else "1"))
-QUEUE_SIZE = int(os.environ.get("METASD_QUEUE_SIZE", "32"))
+# Runs that may wait in the app's own line for the model (metasd.core.streaming.FairSlots): each sees its
+# place and an estimate; one more is told that the class is full and when to come back.
+MAX_WAITING = int(os.environ.get("METASD_MAX_WAITING", "48"))
+# Generate's handlers all start at once, each waiting in the app's line and streaming its place there, so
+# gradio's own queue (bounded: it holds only events that found no handler) never fills with Generate
+# runs and its generic "Queue is full" never shows: the app admits runs itself and tells the rest.
+GENERATE_HANDLERS = 2 * MAX_WAITING + 16
+QUEUE_SIZE = int(os.environ.get("METASD_QUEUE_SIZE", "64"))
+# Where the browsers are elsewhere (a Space, or any host that sets $PORT), one generation takes every core.
+HOSTED = bool(os.environ.get("SPACE_ID") or os.environ.get("PORT"))
 # torch threads per generation on a CPU. Measured 2026-12-01 on the offline preset (2 cores, scripts/measure_threads.py
 # and measure_page_examples.py): two threads in a worker run the engine at 32-36 tokens/s against 22-26 with
 # one, but only without a browser on the same machine; with one there (a teacher's `make run`), the streamed
-# run lost more than the target alone and the page showed 0.62-1.17x instead of 0.83-1.54x. So one thread
-# per generation, the other core left to the server and the browser, unless $METASD_TORCH_THREADS says
-# otherwise (a Space, whose browsers are elsewhere, may set 2). Larger machines share their cores out.
-TORCH_THREADS = int(os.environ.get("METASD_TORCH_THREADS", "0")) or max(1, (os.cpu_count() or 2) // (GEN_CONCURRENCY + 1))
+# run lost more than the target alone and the page showed 0.62-1.17x instead of 0.83-1.54x. So locally one
+# thread per generation, the other core left to the server and the browser; hosted, every core's share
+# (the issue measured a Space start on 2 cores streaming at 0.73 of the engine's speed with one thread).
+# $METASD_TORCH_THREADS overrides both.
+_CORES = os.cpu_count() or 2
+TORCH_THREADS = int(os.environ.get("METASD_TORCH_THREADS", "0")) or (
+    max(1, _CORES // GEN_CONCURRENCY) if HOSTED else max(1, _CORES // (GEN_CONCURRENCY + 1)))
+# Rounds of many requests in one pass (metasd.core.batch): on where the server is hosted (a class on one
+# machine), off locally (one teacher's browser) unless $METASD_BATCH says otherwise; only on a CPU, only
+# where the target's linear layers are row-invariant (checked at start-up). The batch is bounded by the
+# pass-time cost model measured at start-up (each stream keeps at least 1/BATCH_SLOWDOWN of its solo
+# speed), by $METASD_KV_BUDGET_MB of KV caches and by $METASD_MAX_BATCH.
+BATCH = os.environ.get("METASD_BATCH", "1" if HOSTED else "0") == "1" and not HAS_CUDA
+BATCH_SLOWDOWN = float(os.environ.get("METASD_BATCH_SLOWDOWN", "4"))
+MAX_BATCH = int(os.environ.get("METASD_MAX_BATCH", "16"))
+KV_BUDGET_MB = int(os.environ.get("METASD_KV_BUDGET_MB", "2048"))
 # The prompt's prefill is one large batch, where more threads do pay: every core's share for it.
-PREFILL_THREADS = max(TORCH_THREADS, (os.cpu_count() or 2) // GEN_CONCURRENCY)
+PREFILL_THREADS = max(TORCH_THREADS, _CORES // GEN_CONCURRENCY)
 MAX_NEW_TOKENS = 1024 if HAS_CUDA else 512
 COMPARE_MAX_NEW_TOKENS = 256
 COMPARE_MAX_PROMPTS = 40 if HAS_CUDA else 21

@@ -6,7 +6,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import replace
 from typing import Any
 
@@ -14,10 +14,11 @@ import gradio as gr
 
 from metasd.bandits.policies import POLICIES, single_method
 from metasd.core import defaults
-from metasd.core.engine import encode_prompt, generate
+from metasd.core.batch import Rounds, kv_bytes_per_token, measure_pass_cost, row_invariant
+from metasd.core.engine import encode_prompt, generate, prepare, steps
 from metasd.core.lanes import lanes_for
 from metasd.core.numerics import first_divergence
-from metasd.core.streaming import EngineStream, in_fresh_thread, on_event_loop
+from metasd.core.streaming import EngineStream, Place, Ticket, in_fresh_thread, on_event_loop
 from metasd.core.validation import InvalidInput, clean_prompt
 from metasd.models.loading import Bundle
 from metasd.models.presets import DEFAULT_PRESET, PRESETS
@@ -25,8 +26,11 @@ from metasd.models.spaces import gpu_duration
 from metasd.ui import viz
 from metasd.ui.bundles import MODEL, available_presets, bundle_for, default_preset, drafters_of, measure_target
 from metasd.ui.config import (
+    BATCH_SLOWDOWN,
     FRAME_FPS,
     HAS_CUDA,
+    KV_BUDGET_MB,
+    MAX_BATCH,
     MAX_NEW_TOKENS,
     PAGE_POLICY,
     PLOT_INTERVAL_S,
@@ -46,7 +50,9 @@ from metasd.ui.frames import (
     plot,
     stats,
 )
-from metasd.ui.session import STOPS, RunRecord, session_key
+from metasd.ui.session import STOPS, RunRecord, SessionReader, session_key
+
+WAIT_UPDATE_S = 1.0  # a waiting run's page hears from the line at least this often
 
 log = logging.getLogger(__name__)
 LANES_STOPPED = "No drafter lanes for a stopped run: they are computed when an answer ends on its own."
@@ -73,12 +79,14 @@ def generate_view(prompt: str, preset: str = DEFAULT_PRESET, drafters: list[str]
     stop = threading.Event()
     text, events = _start_engine(bundle, prompt, drafters, settings, stop)
     key = session_key(request)
-    STOPS.start(key, stop)  # registered only now: a refused request leaves nothing behind
+    # Registered only now: a refused request leaves nothing behind. A browser session runs one generation
+    # at a time: its new Run stops the previous one (waiting or running); API calls without a session don't.
+    (STOPS.replace if request is not None and key != "api" else STOPS.start)(key, stop)
     record = RunRecord(preset=bundle.preset.name, prompt=text, settings=settings, all_drafters=names,
                        drafters=list(drafters) if drafters else names)
     view = viz.LiveView(viz.drafter_colors(names), record.drafters, placeholder=STREAM_PLACEHOLDER)
     try:
-        yield from _stream(events, stop, view, record, baselines)
+        yield from _stream(events, stop, view, record, baselines, key, SessionReader(key))
     finally:
         STOPS.end(key, stop)
 
@@ -101,8 +109,12 @@ def _start_engine(bundle: Bundle, prompt: Any, drafters: Any, settings: dict[str
     """The cleaned prompt and the engine's event stream (validated at once, nothing run yet)."""
     try:
         text = clean_prompt(prompt)
-        events = generate(bundle, text, drafters=list(drafters) if isinstance(drafters, list | tuple) else drafters,
-                          stop=stop, max_new_tokens_limit=MAX_NEW_TOKENS, **settings)
+        asked = list(drafters) if isinstance(drafters, list | tuple) else drafters
+        if ROUNDS is not None and bundle.target is ROUNDS.model:  # this server shares passes (start_rounds)
+            events = _shared(prepare(bundle, text, drafters=asked, max_new_tokens_limit=MAX_NEW_TOKENS, **settings),
+                             stop)
+        else:
+            events = generate(bundle, text, drafters=asked, stop=stop, max_new_tokens_limit=MAX_NEW_TOKENS, **settings)
     except InvalidInput as e:
         raise refused(e) from None
     except Exception as e:  # e.g. the tokenizer failing on something validation let through
@@ -110,44 +122,73 @@ def _start_engine(bundle: Bundle, prompt: Any, drafters: Any, settings: dict[str
     return text, events
 
 
-def _stream(events: Iterator[Any], stop: threading.Event, view: viz.LiveView, record: RunRecord,
-            baselines: dict | None) -> Iterator[tuple]:
-    """The page's frames: one at once (the run has started, or waits for the model), then the engine's.
-    However it ends, the engine's worker is closed and the model handed back."""
-    stream: EngineStream | None = None
-    held = False
-    try:
-        # At once: the previous answer goes and the page shows that this one has started (or waits).
-        def start() -> EngineStream:  # the engine starts before the first frame is drawn: prefill runs meanwhile
-            return EngineStream(events, stop, max_fps=FRAME_FPS, torch_threads=None if HAS_CUDA else TORCH_THREADS,
-                                prefill_threads=None if HAS_CUDA else PREFILL_THREADS)
+# Rounds of many requests in one pass (metasd.core.batch.Rounds), where start_rounds set them up; else None.
+ROUNDS: Rounds | None = None
 
-        held = MODEL.try_acquire()
-        if held:
-            stream = start()
-        note = ("starting: prefill ..." if held else
-                "waiting for the model: another user's Compare run has it for one more step ...")
-        yield (*frame(view, record, baselines, None, note), None, lanes_placeholder())
-        if not held:
-            MODEL.acquire()
-            held = True
-            stream = start()
-        assert stream is not None
-        yield from _engine_frames(stream, view, record, baselines)
+
+def start_rounds(bundle: Bundle) -> str:
+    """Share the target's passes between this server's page runs, if its rows are invariant: the batch bound
+    from the pass-time cost model measured now and from the KV-cache budget; the admission slots follow it.
+    Returns the line for the startup log."""
+    global ROUNDS
+    if not row_invariant(bundle.target):
+        return "shared rounds: off (this target's linear layers give a row other bits beside other rows)"
+    cost = in_fresh_thread(lambda: measure_pass_cost(bundle.target), TORCH_THREADS, name="metasd-cost-model")
+    rows = bundle.preset.gamma + 1
+    by_time = cost.best_batch(rows, BATCH_SLOWDOWN)
+    per_request = kv_bytes_per_token(bundle.target) * min(bundle.max_context, 1024 + MAX_NEW_TOKENS)
+    by_memory = max(1, KV_BUDGET_MB * 2**20 // per_request)
+    n = max(1, min(by_time, by_memory, MAX_BATCH))
+    ROUNDS = Rounds(bundle.target, n, threads=TORCH_THREADS, share=True)
+    MODEL.resize(n)
+    passes = ", ".join(f"{r} rows {m:.0f} ms" for r, m in zip(cost.rows, cost.ms, strict=True))
+    return (f"shared rounds: up to {n} runs per pass (cost model: {passes}; at most {BATCH_SLOWDOWN:g}x a solo "
+            f"pass of {rows} rows -> {by_time}; KV budget {KV_BUDGET_MB} MB -> {by_memory}; cap {MAX_BATCH})")
+
+
+def _shared(req: Any, stop: threading.Event) -> Iterator[Any]:
+    """The request's events from the shared rounds; it joins them only once its stream starts (admitted)."""
+    assert ROUNDS is not None
+    yield from ROUNDS.submit(req, steps(req, stop))
+
+
+def _stream(events: Iterator[Any], stop: threading.Event, view: viz.LiveView, record: RunRecord,
+            baselines: dict | None, key: str = "", reading: Callable[[], bool] = lambda: True) -> Iterator[tuple]:
+    """The page's frames: the run's place in the app's line while it waits (or that the class is full),
+    then the engine's. However it ends, the engine's worker is closed and the model handed back."""
+    stream: EngineStream | None = None
+    ticket = None
+    try:
+        ticket = MODEL.join(key, stop)
+        if ticket is None:  # past capacity: said at once, in the page's own words
+            yield (*frame(view, record, baselines, "the class is full", full_note()), None, lanes_placeholder())
+            return
+        yield from _waiting_frames(ticket, view, record, baselines, reading)
+        if ticket.left:
+            why = "you pressed Stop" if ticket.left == "stopped" else "its stream was not read"
+            yield (*frame(view, record, baselines, f"left the line before starting: {why}"), None, lanes_placeholder())
+            return
+        # The engine starts before the first frame is drawn: prefill runs meanwhile.
+        own = HAS_CUDA or ROUNDS is not None  # shared rounds: torch runs in the rounds' thread, not this stream's
+        stream = EngineStream(events, stop, max_fps=FRAME_FPS, torch_threads=None if own else TORCH_THREADS,
+                              prefill_threads=None if own else PREFILL_THREADS)
+        yield (*frame(view, record, baselines, None, "starting: prefill ..."), None, lanes_placeholder())
+        yield from _engine_frames(stream, view, record, baselines, reading)
     except InvalidInput as e:
         raise refused(e) from None
     except Exception as e:  # shown as a message, never a traceback; the log keeps the details
         raise failure(e) from None
     finally:
-        _finish(stream, events, held)
+        _finish(stream, events, ticket)
 
 
 CLOSE_TIMEOUT_S = 10.0  # a worker ends within a round; waiting for it never takes longer than this
 
 
-def _finish(stream: EngineStream | None, events: Iterator[Any], held: bool) -> None:
-    """End the worker (it frees the drafters' and the target's caches), then hand the model back. A cancelled
-    stream is closed on the server's event loop: there the wait goes to a thread of its own, so no client stalls."""
+def _finish(stream: EngineStream | None, events: Iterator[Any], ticket: Ticket | None) -> None:
+    """End the worker (it frees the drafters' and the target's caches), then hand the model back, or leave the
+    line if the run never started. A cancelled stream is closed on the server's event loop: there the wait goes
+    to a thread of its own, so no client stalls."""
     def end() -> None:
         try:
             if stream is not None:
@@ -155,8 +196,10 @@ def _finish(stream: EngineStream | None, events: Iterator[Any], held: bool) -> N
             else:
                 events.close()
         finally:
-            if held:
-                MODEL.release()
+            if ticket is not None and ticket.admitted_at is not None:
+                MODEL.release(ticket)
+            elif ticket is not None:
+                MODEL.cancel(ticket)  # the page went away while waiting: out of the line at once
 
     if on_event_loop():
         threading.Thread(target=end, name="metasd-close", daemon=True).start()
@@ -164,11 +207,54 @@ def _finish(stream: EngineStream | None, events: Iterator[Any], held: bool) -> N
         end()
 
 
+def full_note() -> str:
+    """What a run refused at the door is told: the class is full, and when to come back."""
+    return (f"The class is full: {MODEL.waiting} runs are already waiting for the model on this server. "
+            f"Please press Run again in about {_duration(MODEL.retry_after_s())}.")
+
+
+def waiting_status(p: Place) -> str:
+    """A waiting run's status line: its place and the expected wait ("3rd in line, about 20 s")."""
+    return f"{_ordinal(p.place)} in line, about {_duration(p.eta_s)}"
+
+
+def _waiting_frames(ticket: Ticket, view: viz.LiveView, record: RunRecord, baselines: dict | None,
+                    reading: Callable[[], bool]) -> Iterator[tuple]:
+    """While the run waits: a full frame at once, then the status and numbers whenever the place changes
+    (at least every WAIT_UPDATE_S, which also tells whether the client still reads its stream)."""
+    skip = gr.skip()
+    said, said_at, first = "", 0.0, True
+    for place in MODEL.wait(ticket, reading=reading):
+        status = waiting_status(place)
+        note = (f"Waiting for the model: {place.running} run(s) on it now, {MODEL.waiting} in line. Stop takes "
+                "this run out of the line.")
+        if first:
+            yield (*frame(view, record, baselines, status, note), None)
+            first = False
+        elif status != said or time.perf_counter() - said_at >= WAIT_UPDATE_S:
+            yield (view.tokens_html(status), skip, skip, stats(view, record, baselines, note), skip, skip, skip, skip)
+        else:
+            continue
+        said, said_at = status, time.perf_counter()
+
+
+def _ordinal(n: int) -> str:
+    suffix = "th" if 10 <= n % 100 <= 20 else {1: "st", 2: "nd", 3: "rd"}.get(n % 10, "th")
+    return f"{n}{suffix}"
+
+
+def _duration(s: float) -> str:
+    return f"{max(1, round(s))} s" if s < 90 else f"{round(s / 60)} min"
+
+
 def _engine_frames(stream: EngineStream, view: viz.LiveView, record: RunRecord,
-                   baselines: dict | None) -> Iterator[tuple]:
-    """One frame per batch of engine events, the last one complete and carrying the finished record."""
+                   baselines: dict | None, reading: Callable[[], bool] = lambda: True) -> Iterator[tuple]:
+    """One frame per batch of engine events, the last one complete and carrying the finished record. A
+    client that stopped reading its stream stops the run (its frames would pile up unread)."""
     plotted_at, plotted_rounds = -1e9, -1
     for batch, done in stream.batches():
+        if not reading():
+            stream.close(timeout=0)
         t_frame = time.perf_counter()
         for item in batch:
             view.add(item.event, item.t)
@@ -192,7 +278,7 @@ def _engine_frames(stream: EngineStream, view: viz.LiveView, record: RunRecord,
         skip = gr.skip()
         slow: tuple[Any, ...] = (skip, skip, skip, skip, skip)
         if t_frame - plotted_at >= PLOT_INTERVAL_S * (1 + len(view.rounds) / 100) and len(view.rounds) != plotted_rounds:
-            note = f"round {len(view.rounds)} \u00b7 {view.new_tokens} tokens \u00b7 streaming ..."
+            note = f"round {len(view.rounds)} \u00b7 {view.new_tokens} tokens \u00b7 streaming{_company()} ..."
             slow = (plot(view.arm_json()), plot(view.regret_json()), stats(view, record, baselines, note), view.table(),
                     live_lanes(view.rounds, record, view.colors))  # with full information: live
             plotted_at, plotted_rounds = t_frame, len(view.rounds)
@@ -214,6 +300,12 @@ def run_lanes(record: RunRecord) -> dict[str, list[float]]:
     return lanes
 
 
+def _company() -> str:
+    """ \u00b7 served together with N other runs (shared rounds), or nothing."""
+    others = ROUNDS.together - 1 if ROUNDS is not None else 0
+    return f" \u00b7 served together with {others} other run{'s' if others != 1 else ''}" if others > 0 else ""
+
+
 def stop_generation(request: gr.Request = None) -> None:
     """Stop button, or the tab closed: the session's running generations end at the next round. The
     stream then draws its final frame, so the page keeps everything generated so far."""
@@ -228,6 +320,10 @@ def _baseline_duration(record: RunRecord | None = None, *args: Any, **kwargs: An
         return gpu_duration(None)
 
 
+# Target-alone timings shared by every session: a class running the same example times it once.
+_MEASURED: dict[str, dict[str, Any]] = {}
+
+
 @gpu(duration=_baseline_duration)
 def measure_baseline(record: RunRecord | None, baselines: dict | None, auto: bool = True, forced: bool = False):
     """The target alone on the same prompt and token count, timed in this session (cached per prompt)."""
@@ -237,6 +333,13 @@ def measure_baseline(record: RunRecord | None, baselines: dict | None, auto: boo
     rounds = record.rounds
     n = rounds[-1].new_tokens
     key = baseline_key(record.preset, record.prompt, n)
+    if key not in baselines and not forced and key in _MEASURED:  # another session timed this prompt already
+        shared = _MEASURED[key]
+        baselines[key] = {**shared, "note": shared["note"].replace("in this session", "on this server")}
+    if key not in baselines and not forced and MODEL.waiting:
+        # Others wait for the model: their runs go first; this timing only on demand.
+        return stats(_record_view(record), record, baselines, f"Target alone not timed now: {MODEL.waiting} "
+                     "runs wait for the model. Press “Measure target alone” later."), baselines
     if key not in baselines or forced:
         bundle = bundle_for(record.preset)
         try:
@@ -247,12 +350,18 @@ def measure_baseline(record: RunRecord | None, baselines: dict | None, auto: boo
         note = f"Target alone measured on this prompt in this session: {len(out)} tokens in {secs:.2f} s."
         if record.settings["temperature"] == 0:
             note += " " + identity_note(bundle, record.prompt, ours, out)
-        baselines[key] = {"tokens_per_s": len(out) / secs if secs > 0 else 0.0, "note": note}
+        baselines[key] = _MEASURED[key] = {"tokens_per_s": len(out) / secs if secs > 0 else 0.0, "note": note}
+        while len(_MEASURED) > 256:  # bounded: the oldest measurement goes first
+            _MEASURED.pop(next(iter(_MEASURED)))
+    return stats(_record_view(record), record, baselines), baselines
+
+
+def _record_view(record: RunRecord) -> viz.LiveView:
     view = viz.LiveView(viz.drafter_colors(record.all_drafters), record.drafters)
-    for ev in [*rounds, record.summary]:
+    for ev in [*record.rounds, record.summary]:
         if ev is not None:
             view.add(ev, 0.0)
-    return stats(view, record, baselines), baselines
+    return view
 
 
 def identity_note(bundle: Bundle, prompt: str, ours: list[int], reference: list[int]) -> str:

@@ -3,6 +3,8 @@ rounds in a moment, no model."""
 
 from __future__ import annotations
 
+import threading
+
 import gradio as gr
 import pandas as pd
 
@@ -43,3 +45,19 @@ def run_playground(table: pd.DataFrame, policies: list[str], gamma: int, rounds:
                      f"{expected_speedup(d.acceptance, int(gamma), d.cost):.2f}\u00d7 |")
     return (viz.playground_probability_figure(results, colors), viz.playground_regret_figure(results),
             viz.playground_table(results), "\n".join(lines))
+
+
+PLAYGROUND_DEFAULTS = (["metasd-ucb", "exp3", "thompson", "hedge"], 4, 3000, "throughput", False, 8.0, 0)
+_default_lock = threading.Lock()
+_default: tuple | None = None
+
+
+def playground_default():
+    """The simulation a page opens with (the tab's default settings), computed once per server: page loads
+    queue no work, and a class opening the page costs one simulation, not one each."""
+    global _default
+    with _default_lock:
+        if _default is None:
+            policies, gamma, rounds, reward, full_info, spread, seed = PLAYGROUND_DEFAULTS
+            _default = run_playground(PLAYGROUND_DRAFTERS, list(policies), gamma, rounds, reward, full_info, spread, seed)
+        return _default

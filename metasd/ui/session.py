@@ -4,6 +4,8 @@ and the record of one run that the Generate tab keeps in its gr.State."""
 from __future__ import annotations
 
 import threading
+import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -39,6 +41,12 @@ class StopRegistry:
                 runs.discard(stop)
                 if not runs:
                     del self.runs[key]
+
+    def replace(self, key: str, stop: threading.Event) -> None:
+        """Start `stop`'s run as the key's only one: the key's earlier runs are stopped (a new Run replaces
+        the session's previous one, waiting or running)."""
+        self.signal(key)
+        self.start(key, stop)
 
     def signal(self, key: str) -> None:
         """Set the stop signal of every run registered under `key`."""
@@ -81,3 +89,44 @@ class RunRecord:
     summary: Summary | None = None
     frames: tuple[int, int] | None = None  # (frames drawn, rounds run) while streaming
     lanes: dict[str, list[float]] = field(default_factory=dict)  # the drafter lanes, once the run ended
+
+
+# How many of a session's stream messages wait unread in gradio's queue: app.launch points this at the
+# served page's queue; None (handlers called directly, as tests do) means nobody can tell.
+_unread: Callable[[str], int | None] = lambda key: None  # noqa: E731
+# A waiting run's page hears from the line every second and a running one's up to 8 times a second: messages
+# left unread this long mean nobody reads the stream.
+READ_PATIENCE_S = 4.0
+
+
+def watch_streams(unread: Callable[[str], int | None]) -> None:
+    """Where session_reader looks for a session's unread stream messages (app.launch sets it)."""
+    global _unread
+    _unread = unread
+
+
+def gradio_unread(demo: gr.Blocks) -> Callable[[str], int | None]:
+    """The unread messages of a session's stream in `demo`'s queue (gradio keeps one message queue per
+    session; its /queue/data stream empties it as the client reads)."""
+    def unread(key: str) -> int | None:
+        q = getattr(demo, "_queue", None)
+        messages = q.pending_messages_per_session.get(key) if q is not None else None
+        return messages.qsize() if messages is not None else None
+    return unread
+
+
+class SessionReader:
+    """Whether a session still reads its stream: False once its messages have stayed unread for `patience_s`
+    (a client that joined the queue and never opened its stream, or stopped reading it)."""
+
+    def __init__(self, key: str, patience_s: float | None = None) -> None:
+        self.key = key
+        self.patience_s = READ_PATIENCE_S if patience_s is None else patience_s
+        self.read_at = time.perf_counter()
+
+    def __call__(self) -> bool:
+        n = _unread(self.key)
+        now = time.perf_counter()
+        if not n:  # nothing unread (or nobody can tell): the reader keeps up
+            self.read_at = now
+        return now - self.read_at < self.patience_s

@@ -33,7 +33,7 @@ from metasd.ui.config import (
 from metasd.ui.files import write_logs
 from metasd.ui.frames import lanes_placeholder, plot
 from metasd.ui.generate import generate_view, measure_baseline, on_preset, policy_choices, stop_generation
-from metasd.ui.playground import PLAYGROUND_DRAFTERS, run_playground
+from metasd.ui.playground import PLAYGROUND_DEFAULTS, PLAYGROUND_DRAFTERS, playground_default, run_playground
 from metasd.ui.replay import gallery, open_grid_run, open_link, replay_at, replay_rounds, replay_view, stop_replay
 
 # ----------------------------------------------------------------------------------------------
@@ -237,13 +237,14 @@ def _wire_generate(c: GenerateControls, a: GenerateAnswer, baselines: gr.State, 
     gen.failure(_idle, None, buttons, api_visibility="private", queue=False)
     after = gen.then(_idle, None, buttons, api_visibility="private", queue=False)
     after = after.then(write_logs, record, [a.csv_btn, a.json_btn], api_visibility="private", queue=False)
+    # Timing the target alone has its own limit (it never takes Generate's handlers) and waits in the model's line.
     after.then(measure_baseline, [record, baselines, a.auto_base], [a.stats, baselines], api_visibility="private",
-               concurrency_limit=concurrency, concurrency_id="model", show_progress="minimal")
+               concurrency_limit=1, concurrency_id="baseline", show_progress="minimal")
     # Stop only signals the engine: the stream then ends on its own final frame and keeps the answer
     # (a gradio `cancels` would throw the frame away and reset the outputs).
     c.stop_btn.click(stop_generation, None, None, api_visibility="private", queue=False)
     a.measure_btn.click(lambda r, b: measure_baseline(r, b, True, True), [record, baselines], [a.stats, baselines],
-                        api_visibility="private", concurrency_limit=concurrency, concurrency_id="model")
+                        api_visibility="private", concurrency_limit=1, concurrency_id="baseline")
     a.show_rejected.change(None, a.show_rejected, None,
                            js="(v) => { document.getElementById('tokens').classList.toggle('hide-rejected', !v); }")
     c.policy.change(_policy_info, c.policy, c.policy_help, api_visibility="private", queue=False)
@@ -375,7 +376,7 @@ def build_playground_tab(demo: gr.Blocks) -> None:
                                        label="Synthetic drafters (edit: acceptance \u03b1 in [0, 1], "
                                        "cost c = drafter step / target step)",
                                        datatype=["str", "number", "number"], row_count=4)
-                p_policies = gr.CheckboxGroup(list(POLICIES), value=["metasd-ucb", "exp3", "thompson", "hedge"],
+                p_policies = gr.CheckboxGroup(list(POLICIES), value=list(PLAYGROUND_DEFAULTS[0]),
                                               label="Policies, side by side")
                 with gr.Row():
                     p_reward = gr.Radio(REWARD_CHOICES, value="throughput", label="Reward",
@@ -395,6 +396,9 @@ def build_playground_tab(demo: gr.Blocks) -> None:
         p_summary = gr.DataFrame(label="Policies", interactive=False)
         p_inputs = [p_table, p_policies, p_gamma, p_rounds, p_reward, p_full, p_spread, p_seed]
         p_outputs = [p_probs, p_regret, p_summary, p_values]
-        p_btn.click(run_playground, p_inputs, p_outputs, api_name="playground", concurrency_limit=4)
-        demo.load(run_playground, p_inputs, p_outputs, api_visibility="private")
+        # One simulation at a time (it shares the CPU with Generate). A page load queues nothing: the default
+        # simulation is computed once per server and sent with the page (playground_default).
+        p_btn.click(run_playground, p_inputs, p_outputs, api_name="playground", concurrency_limit=1,
+                    concurrency_id="playground")
+        demo.load(playground_default, None, p_outputs, api_visibility="private", queue=False)
     take_as_sent(p_gamma, p_rounds, p_spread, p_seed)

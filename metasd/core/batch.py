@@ -1,0 +1,302 @@
+"""Rounds of many requests in one pass (iteration-level scheduling with selective batching, as Orca,
+OSDI 2022, and vLLM's continuous batching).
+
+Every running request drafts on its own; then ONE target pass verifies all their drafted ids together:
+the row-wise parts of a decoder layer (norms, the q/k/v and output projections, the MLP) and the LM head
+run once over every row of every request, so the weights are read once for all of them; attention runs
+per request, against that request's own KV cache, with its own positions and causal mask.
+
+Lossless per request: a request's logits are bit-identical to its solo pass, provided the linear layers
+are batch-invariant (a row's result does not depend on the rows beside it). `row_invariant` measures that
+for a model's linear layers; `verify_together` is only used where it holds (tests check it on tiny models
+and on the offline model, logits bitwise and greedy outputs).
+
+Llama-family targets only (q/k/v/o projections, rotary embeddings, RMSNorm, gated MLP): `supports` says.
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+import time
+from collections import deque
+from collections.abc import Callable, Generator, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from transformers.masking_utils import create_causal_mask
+from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
+
+try:
+    from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+except ImportError:  # pragma: no cover  (older layouts)
+    from transformers.integrations import ALL_ATTENTION_FUNCTIONS  # type: ignore[no-redef]
+
+
+@dataclass
+class VerifyPart:
+    """One request's share of a pass: the ids it feeds (its last id, then its draft), the position of the
+    first of them, and its own KV cache (extended in place, as a solo pass would)."""
+
+    ids: list[int]
+    start: int
+    cache: object
+
+
+def supports(model: torch.nn.Module) -> bool:
+    """Whether `model` has the Llama layout this module computes layer by layer."""
+    inner = getattr(model, "model", None)
+    layers = getattr(inner, "layers", None)
+    if inner is None or layers is None or not hasattr(inner, "rotary_emb") or not hasattr(model, "lm_head"):
+        return False
+    a = getattr(layers[0], "self_attn", None)
+    return all(hasattr(a, n) for n in ("q_proj", "k_proj", "v_proj", "o_proj", "head_dim")) and hasattr(layers[0], "mlp")
+
+
+@torch.no_grad()
+def verify_together(model: torch.nn.Module, parts: list[VerifyPart]) -> list[torch.Tensor]:
+    """One target pass over every part's ids: each part's logits ([len(ids), vocab]), as its own pass gives."""
+    lm = model.model
+    spans, a = [], 0
+    for p in parts:
+        spans.append((a, a + len(p.ids)))
+        a += len(p.ids)
+    dev = next(model.parameters()).device
+    h = lm.embed_tokens(torch.tensor([[t for p in parts for t in p.ids]], device=dev))
+    own = []  # per part: (mask, rotary cos/sin), built exactly as the model's forward builds them alone
+    for p, (a, b) in zip(parts, spans, strict=True):
+        pos = torch.arange(p.start, p.start + len(p.ids), device=dev).view(1, -1)
+        x = h[:, a:b]
+        mask = create_causal_mask(config=lm.config, inputs_embeds=x, attention_mask=None, past_key_values=p.cache,
+                                  position_ids=pos)
+        own.append((mask, lm.rotary_emb(x, position_ids=pos)))
+    for layer in lm.layers[: lm.config.num_hidden_layers]:
+        residual = h
+        h = residual + _attention(layer.self_attn, layer.input_layernorm(h), parts, spans, own)
+        residual = h
+        h = residual + layer.mlp(layer.post_attention_layernorm(h))
+    logits = model.lm_head(lm.norm(h))
+    return [logits[0, a:b] for a, b in spans]
+
+
+def _attention(attn: torch.nn.Module, x: torch.Tensor, parts: list[VerifyPart], spans: list[tuple[int, int]],
+               own: list) -> torch.Tensor:
+    """The attention block: projections over all rows at once, attention per part against its own cache."""
+    q_all, k_all, v_all = attn.q_proj(x), attn.k_proj(x), attn.v_proj(x)
+    interface: Callable = ALL_ATTENTION_FUNCTIONS.get_interface(attn.config._attn_implementation, _eager_missing)
+    outs = []
+    for p, (a, b), (mask, (cos, sin)) in zip(parts, spans, own, strict=True):
+        shape = (1, b - a, -1, attn.head_dim)
+        q = q_all[:, a:b].reshape(shape).transpose(1, 2)
+        k = k_all[:, a:b].reshape(shape).transpose(1, 2)
+        v = v_all[:, a:b].reshape(shape).transpose(1, 2)
+        q, k = apply_rotary_pos_emb(q, k, cos, sin)
+        k, v = p.cache.update(k, v, attn.layer_idx)
+        o, _ = interface(attn, q, k, v, mask, dropout=0.0, scaling=attn.scaling)
+        outs.append(o.reshape(1, b - a, -1).contiguous())
+    return attn.o_proj(torch.cat(outs, dim=1))
+
+
+def _eager_missing(*args: object, **kwargs: object) -> None:
+    raise NotImplementedError("eager attention: load the target with sdpa attention")
+
+
+@torch.no_grad()
+def row_invariant(model: torch.nn.Module, rows: int = 48, seed: int = 0) -> bool:
+    """Whether every kind of linear layer of `model` (type and shape) gives each row the same bits alone and
+    beside up to `rows` others (batching then changes no request's output)."""
+    g = torch.Generator().manual_seed(seed)
+    dev = next(model.parameters()).device
+    seen: set[tuple] = set()
+    for m in model.modules():
+        if not hasattr(m, "in_features") or not hasattr(m, "out_features"):
+            continue
+        kind = (type(m), m.in_features, m.out_features)  # the kernel is chosen per type and shape: one probe each
+        if kind in seen:
+            continue
+        seen.add(kind)
+        x = torch.randn(rows, m.in_features, generator=g).to(dev)
+        together = m(x)
+        for j in (0, 1, rows // 2, rows - 1):
+            for n in (1, 2, 3, 5, 9):
+                if j + n <= rows and not torch.equal(m(x[j: j + n])[0], together[j]):
+                    return False
+    return True
+
+
+@dataclass(frozen=True)
+class PassCost:
+    """Pass time against rows per pass, measured at start-up: `ms[i]` for `rows[i]` rows."""
+
+    rows: tuple[int, ...]
+    ms: tuple[float, ...]
+
+    def best_batch(self, rows_per_request: int, slowdown: float = 2.0) -> int:
+        """The most requests one pass may carry while it costs at most `slowdown` times a single request's
+        pass (each running stream then keeps at least 1/slowdown of its solo speed)."""
+        solo = self.at(rows_per_request)
+        best = 1
+        for n in range(1, 1 + max(self.rows) // max(1, rows_per_request)):
+            if self.at(n * rows_per_request) <= slowdown * solo:
+                best = n
+        return best
+
+    def at(self, rows: int) -> float:
+        """Linear interpolation between the measured points."""
+        pts = list(zip(self.rows, self.ms, strict=True))
+        for (r0, m0), (r1, m1) in zip(pts, pts[1:], strict=False):
+            if r0 <= rows <= r1:
+                return m0 + (m1 - m0) * (rows - r0) / max(1, r1 - r0)
+        return pts[-1][1] * rows / pts[-1][0] if rows > pts[-1][0] else pts[0][1]
+
+
+@torch.no_grad()
+def measure_pass_cost(model: torch.nn.Module, rows: tuple[int, ...] = (1, 5, 10, 20, 40), repeats: int = 3) -> PassCost:
+    """Time one full target pass (no cache) over each row count: the batch bound's cost model."""
+    dev = next(model.parameters()).device
+    ms = []
+    for n in rows:
+        ids = torch.zeros((1, n), dtype=torch.long, device=dev)
+        best = float("inf")
+        for _ in range(repeats):
+            t = time.perf_counter()
+            model(input_ids=ids, use_cache=False, logits_to_keep=n)
+            best = min(best, time.perf_counter() - t)
+        ms.append(1000 * best)
+    return PassCost(tuple(rows), tuple(ms))
+
+
+class _End:
+    pass
+
+
+_END = _End()
+
+
+class _Member:
+    """A joined request: its step generator (metasd.core.engine.steps), what it yielded last, its outbox."""
+
+    def __init__(self, req: Any, it: Generator, out: queue.SimpleQueue) -> None:
+        self.req, self.it, self.out = req, it, out
+        self.x: Any = None  # the last thing it yielded: a VerifyPart waiting for the pass, or None (not started)
+
+
+class Rounds:
+    """The lockstep driver: one thread advances every joined request round by round. Each request drafts on
+    its own; one pass verifies them all (verify_together); each then keeps what passed, learns and emits its
+    event, which goes to its own stream. Requests join between rounds (their prefill runs then, alone) and
+    leave when done or stopped (a request's stop signal is read by its own step generator every round).
+    At most `max_batch` requests share a pass; more wait, in order, for one to leave."""
+
+    def __init__(self, model: torch.nn.Module, max_batch: int, threads: int | None = None, idle_s: float = 30.0,
+                 share: bool | None = None):
+        if max_batch < 1:
+            raise ValueError("max_batch must be at least 1")
+        self.model, self.max_batch, self.threads, self.idle_s = model, max_batch, threads, idle_s
+        # Passes are shared only where no row's result depends on its neighbours (else each request has its own).
+        self.share = row_invariant(model) if share is None else share
+        self.most = 0  # the most requests one pass has verified
+        self._joining: deque[_Member] = deque()
+        self._members: list[_Member] = []
+        self._cv = threading.Condition()
+        self._thread: threading.Thread | None = None
+        self.together = 0  # requests in the latest pass
+        self.passes = 0
+
+    def submit(self, req: Any, it: Generator) -> Iterator[Any]:
+        """Join `req` (its step generator `it`); its events, in order, ending with its summary (or its error)."""
+        out: queue.SimpleQueue = queue.SimpleQueue()
+        with self._cv:
+            self._joining.append(_Member(req, it, out))
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._loop, name="metasd-rounds", daemon=True)
+                self._thread.start()
+            self._cv.notify_all()
+        return _drain(out)
+
+    @property
+    def running(self) -> int:
+        with self._cv:
+            return len(self._members) + len(self._joining)
+
+    def _loop(self) -> None:
+        if self.threads:
+            torch.set_num_threads(self.threads)
+        while self._admit():
+            for m in list(self._members):
+                self._advance(m, None)
+            live = [m for m in self._members if isinstance(m.x, VerifyPart)]
+            if not live:
+                continue
+            try:
+                results = self._pass(live)
+            except Exception as e:  # noqa: BLE001  (a failed pass fails its requests, never the driver)
+                for m in live:
+                    self._leave(m, e)
+                continue
+            for m, result in zip(live, results, strict=True):
+                self._advance(m, result)
+
+    def _admit(self) -> bool:
+        """Take joining requests up to max_batch; False (the thread ends) after idle_s with nobody."""
+        with self._cv:
+            while not self._members and not self._joining:
+                if not self._cv.wait(self.idle_s) and not self._joining:
+                    self._thread = None
+                    return False
+            while self._joining and len(self._members) < self.max_batch:
+                self._members.append(self._joining.popleft())
+            return True
+
+    def _pass(self, live: list[_Member]) -> list[tuple[torch.Tensor, Any]]:
+        """One verification pass for every batchable request; white-box ones (hidden states) alone."""
+        shared = [m for m in live if m.req.batchable]
+        results: dict[int, tuple[torch.Tensor, Any]] = {}
+        if len(shared) > 1 and self.share:
+            for m, logits in zip(shared, verify_together(self.model, [m.x for m in shared]), strict=True):
+                results[id(m)] = (logits, None)
+        for m in live:
+            if id(m) not in results:
+                results[id(m)] = m.req.pass_alone(m.req.round)
+        self.together = len(shared) if self.share else 1
+        self.passes, self.most = self.passes + 1, max(self.most, self.together)
+        return [results[id(m)] for m in live]
+
+    def _advance(self, m: _Member, result: tuple[torch.Tensor, Any] | None) -> None:
+        """Run m's steps until it asks for a pass (or ends), handing its events to its stream."""
+        try:
+            m.x = m.it.send(result) if result is not None else (m.x if m.x is not None else next(m.it))
+            while not isinstance(m.x, VerifyPart):
+                m.out.put(m.x)
+                m.x = next(m.it)
+        except StopIteration:
+            self._leave(m, None)
+        except BaseException as e:  # noqa: BLE001  (the request's failure, re-raised in its own stream)
+            self._leave(m, e)
+
+    def _leave(self, m: _Member, error: BaseException | None) -> None:
+        with self._cv:
+            self._members.remove(m)
+        m.it.close()  # frees the request's caches in this thread
+        if error is not None:
+            m.out.put(error)
+        m.out.put(_END)
+
+
+def _drain(out: queue.SimpleQueue) -> Iterator[Any]:
+    while True:
+        item = out.get()
+        if isinstance(item, _End):
+            return
+        if isinstance(item, BaseException):
+            raise item
+        yield item
+
+
+def kv_bytes_per_token(model: torch.nn.Module) -> int:
+    """Bytes one token takes in a request's KV cache (keys and values, every layer)."""
+    cfg = model.config
+    heads = getattr(cfg, "num_key_value_heads", None) or cfg.num_attention_heads
+    head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
+    return 2 * cfg.num_hidden_layers * heads * head_dim * next(model.parameters()).element_size()

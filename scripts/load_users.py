@@ -1,0 +1,178 @@
+"""A class pressing Run at once: N gradio_client users against the app started as a Space starts it.
+
+The app runs as `python app.py` with SPACE_ID and PORT set (so: every core per generation, as hosted),
+bound to 127.0.0.1 only. Each user is a gradio_client Client of its own (its own session) that presses
+Run on /generate (greedy, --max-new-tokens) at the same moment as the others and reads its stream to the
+end. Per N: aggregate tokens/s, each user's tokens/s, time to the first token (p50, p95), how many were
+served / told their place in line / told the class is full (and how soon after Run), whether every
+answer equals the engine's solo answer on the same prompt, and the server's RSS before and after.
+
+    .venv/bin/python scripts/load_users.py --users 1 8 32 64 [--max-new-tokens 64] [--batching off]
+
+Bounded: at most --max-users users, each run at most --timeout seconds; the server is always killed.
+The solo answers are computed in this process before the server starts (greedy is deterministic).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import statistics
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import psutil
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from tests.test_app_api import parse  # noqa: E402  (the token view's output text, as the page shows it)
+from tests.test_start import free_port, scrubbed_env, started  # noqa: E402
+
+
+@dataclass
+class UserRun:
+    """What one user saw: when (seconds after Run) the first token, a place in line, or 'full' came."""
+
+    prompt: str
+    first_token: float | None = None
+    told_place: float | None = None
+    told_full: float | None = None
+    wall: float | None = None
+    tokens: int = 0
+    text: str = ""
+    error: str = ""
+    statuses: list[str] = field(default_factory=list)
+
+
+def one_user(url: str, prompt: str, n: int, go: threading.Event, timeout: float) -> UserRun:
+    from gradio_client import Client
+
+    run = UserRun(prompt)
+    try:
+        client = Client(url, verbose=False)
+        go.wait(timeout)
+        t0 = time.perf_counter()
+        job = client.submit(prompt, preset="offline", max_new_tokens=n, temperature=0.0, api_name="/generate")
+        last = None
+        for out in job:
+            t = time.perf_counter() - t0
+            html = str(out[0]) + " " + str(out[3])
+            if run.told_place is None and " in line, about " in html:
+                run.told_place = t
+            if run.told_full is None and "the class is full" in html:
+                run.told_full = t
+            if run.first_token is None and 'class="tok ' in str(out[0]):
+                run.first_token = t
+            last = out
+            if t > timeout:
+                job.cancel()
+                run.error = "timed out"
+                break
+        run.wall = time.perf_counter() - t0
+        done = re.search(r"done: (\d+) tokens", str(last[0])) if last is not None else None
+        if done:
+            run.text = "".join(parse(str(last[0])).out)
+            run.tokens = int(done.group(1))
+        elif not run.error and run.told_full is None:
+            run.error = "ended without an answer"
+    except Exception as e:  # noqa: BLE001  (a user's failure is a result, reported)
+        run.error = f"{type(e).__name__}: {e}"[:200]
+    return run
+
+
+def solo_answers(prompts: list[str], n: int) -> dict[str, tuple[str, int]]:
+    """Each prompt's answer from the engine alone (the page's policy; greedy output is the target's)."""
+    import app
+    from metasd.core.engine import run
+
+    bundle = app.get_bundle("offline")
+    out = {}
+    for p in dict.fromkeys(prompts):
+        rounds, summary = run(bundle, p, max_new_tokens=n, policy=app.PAGE_POLICY)
+        out[p] = ("".join("".join(ev.emitted_text) for ev in rounds), summary.new_tokens)
+    return out
+
+
+def rss_mb(pid: int) -> float:
+    return psutil.Process(pid).memory_info().rss / 2**20
+
+
+def pct(xs: list[float], q: float) -> float:
+    if not xs:
+        return float("nan")
+    xs = sorted(xs)
+    return xs[min(len(xs) - 1, max(0, round(q * (len(xs) - 1))))]
+
+
+def drive(url: str, pid: int, users: int, prompts: list[str], solo: dict, a: argparse.Namespace) -> str:
+    go = threading.Event()
+    runs: list[UserRun | None] = [None] * users
+    mine = [prompts[i % len(prompts)] for i in range(users)]
+
+    def user(i: int) -> None:
+        runs[i] = one_user(url, mine[i], a.max_new_tokens, go, a.timeout)
+
+    threads = [threading.Thread(target=user, args=(i,), daemon=True) for i in range(users)]
+    for t in threads:
+        t.start()
+    time.sleep(min(30.0, 2.0 + 0.3 * users))  # every Client has fetched the page's config
+    before = rss_mb(pid)
+    t0 = time.perf_counter()
+    go.set()
+    for t in threads:
+        t.join(a.timeout + 60)
+    wall = time.perf_counter() - t0
+    after = rss_mb(pid)
+    done = [r for r in runs if r is not None]
+    served = [r for r in done if r.tokens and not r.error]
+    tokens = sum(r.tokens for r in served)
+    same = sum(r.text == solo[r.prompt][0] for r in served)
+    firsts = [r.first_token for r in served if r.first_token is not None]
+    per_user = [r.tokens / r.wall for r in served if r.wall]
+    place = [r.told_place for r in done if r.told_place is not None]
+    full = [r.told_full for r in done if r.told_full is not None]
+    errors = [r.error for r in done if r.error]
+    said = [min(x for x in (r.told_place, r.told_full, r.first_token) if x is not None) for r in done
+            if any(x is not None for x in (r.told_place, r.told_full, r.first_token))]
+    return (f"| {users} | {a.batching} | {tokens / wall:.1f} | {statistics.median(per_user) if per_user else float('nan'):.1f} "
+            f"| {pct(firsts, 0.5):.1f} s / {pct(firsts, 0.95):.1f} s | {len(served)} / {len(place)} / {len(full)} "
+            f"| {pct(said, 1.0):.1f} s | {same} of {len(served)} | {before:.0f} -> {after:.0f} MB | {wall:.0f} s "
+            f"| {len(errors)}{(': ' + errors[0]) if errors else ''} |")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--users", type=int, nargs="+", default=[1, 8, 32, 64])
+    ap.add_argument("--max-new-tokens", type=int, default=64)
+    ap.add_argument("--timeout", type=float, default=600.0, help="seconds a user waits at most for its answer")
+    ap.add_argument("--max-users", type=int, default=64)
+    ap.add_argument("--prompts", type=int, default=4, help="distinct page examples the users cycle through")
+    ap.add_argument("--batching", choices=["on", "off"], default="on",
+                    help="$METASD_BATCH for the server (rounds of many requests in one pass)")
+    a = ap.parse_args()
+    if max(a.users) > a.max_users:
+        ap.error(f"at most --max-users={a.max_users} users")
+    import app
+
+    prompts = [e["turns"][0] for e in app.EXAMPLES][: a.prompts]
+    solo = solo_answers(prompts, a.max_new_tokens)
+    port = free_port()
+    env = scrubbed_env(SPACE_ID="local/metasd-load", PORT=str(port), METASD_BATCH="1" if a.batching == "on" else "0")
+    env.pop("OMP_NUM_THREADS")  # a Space sets none
+    env["PYTHONPATH"] = str(ROOT)
+    print(f"# {os.cpu_count()} cores; server: python app.py --host 127.0.0.1 (SPACE_ID, PORT={port} set)")
+    print("| users | batching | aggregate tok/s | user tok/s (median) | first token p50 / p95 | served / told place / "
+          "told full | slowest first word after Run | answers = solo | server RSS before -> after | wall | errors |")
+    print("|---:|---|---:|---:|---|---|---:|---|---|---:|---|")
+    with started([sys.executable, "app.py", "--host", "127.0.0.1"], env, port, timeout_s=300) as served:
+        for n in a.users:
+            print(drive(served.url, served.proc.pid, n, prompts, solo, a), flush=True)
+
+
+if __name__ == "__main__":
+    main()

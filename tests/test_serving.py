@@ -1,0 +1,326 @@
+"""Serving a class: the app's own line for the model (its place and an estimate while a run waits, "the class is
+full" past capacity), Stop while waiting, one run per browser session, a stream nobody reads, page loads that
+queue no model work. Drives the app's handlers in-process on the offline model; the line itself on its own."""
+
+from __future__ import annotations
+
+import copy
+import threading
+import time
+from types import SimpleNamespace
+from unittest import mock
+
+import pytest
+import torch
+from transformers import DynamicCache
+
+from metasd.core.batch import Rounds, VerifyPart, row_invariant, verify_together
+from metasd.core.engine import collect, generate, prepare, steps
+from metasd.core.streaming import FairSlots
+from metasd.models.cpu_linear import pack_linears
+from metasd.ui import generate as ui_generate
+from metasd.ui import playground as ui_playground
+from metasd.ui import session as ui_session
+from tests.tiny import tiny_bundle
+
+PROMPT = "Say hello to the class in one short sentence."
+
+
+# ----------------------------------------------------------------------------------------------
+# The line on its own
+
+
+def test_line_reports_places_and_refuses_past_capacity():
+    line = FairSlots(1, max_waiting=2, service_s=10.0)
+    line.acquire()  # someone runs
+    a, b = line.join("a"), line.join("b")
+    assert a is not None and b is not None
+    assert line.join("c") is None, "a full line must refuse at once"
+    pa, pb = next(line.wait(a)), next(line.wait(b))
+    assert (pa.place, pb.place) == (1, 2)
+    assert pa.eta_s == pytest.approx(5.0) and pb.eta_s == pytest.approx(15.0)  # half a run, then one more each
+    assert line.retry_after_s() >= 10.0
+    line.release()
+    assert list(line.wait(a)) == [] and a.admitted_at is not None  # first in line takes the free slot
+    assert next(line.wait(b)).place == 1
+
+
+def test_stop_while_waiting_leaves_the_line_at_once():
+    line = FairSlots(1)
+    line.acquire()
+    stop = threading.Event()
+    t = line.join("a", stop)
+    behind = line.join("b")
+    waiter = line.wait(t, poll=0.05)
+    next(waiter)
+    stop.set()
+    t0 = time.perf_counter()
+    assert list(waiter) == []
+    assert t.left == "stopped" and time.perf_counter() - t0 < 0.2
+    assert next(line.wait(behind)).place == 1  # the one behind moved up
+    line.release()
+    assert list(line.wait(behind)) == [] and behind.admitted_at is not None
+
+
+def test_a_reader_that_is_gone_loses_its_place():
+    line = FairSlots(1)
+    line.acquire()
+    t = line.join("a")
+    reading = iter([True, True, False])
+    places = list(line.wait(t, poll=0.01, reading=lambda: next(reading)))
+    assert len(places) == 2 and t.left == "abandoned" and line.waiting == 0
+    line.release()
+
+
+def test_session_reader_gives_up_after_unread_messages():
+    unread = {"s": 0}
+    with mock.patch.object(ui_session, "_unread", lambda key: unread.get(key)):
+        r = ui_session.SessionReader("s", patience_s=0.2)
+        assert r()
+        unread["s"] = 3  # messages pile up unread
+        assert r()  # not yet: a reader may be a moment behind
+        time.sleep(0.25)
+        assert not r()
+        unread["s"] = 0
+        assert r()  # it read them after all
+        assert ui_session.SessionReader("nobody", patience_s=1.0)()  # nobody can tell: reading
+
+
+# ----------------------------------------------------------------------------------------------
+# The Generate handler in line
+
+
+@pytest.fixture(scope="module")
+def app():
+    import app as app_module
+
+    app_module.get_bundle("offline")
+    return app_module
+
+
+def req(session: str) -> SimpleNamespace:
+    return SimpleNamespace(session_hash=session)
+
+
+def status_of(frame: tuple) -> str:
+    return f"{frame[0]} {frame[3]}"
+
+
+@pytest.fixture
+def model_busy(app):
+    """The model held by someone else for the test's length: Generate runs wait in line."""
+    app.MODEL.acquire()
+    try:
+        yield app.MODEL
+    finally:
+        app.MODEL.release()
+
+
+def test_waiting_run_sees_its_place_and_stop_takes_it_out(app, model_busy):
+    g = app.generate_view(PROMPT, "offline", max_new_tokens=8, request=req("queued"))
+    t0 = time.perf_counter()
+    first = next(g)
+    assert time.perf_counter() - t0 < 2.0
+    assert "1st in line, about" in status_of(first) and first[-1] is None
+    assert model_busy.waiting == 1
+    app.stop_generation(req("queued"))
+    t0 = time.perf_counter()
+    rest = list(g)
+    assert time.perf_counter() - t0 < 1.0, "Stop while waiting must end the run at once"
+    assert "left the line before starting: you pressed Stop" in status_of(rest[-1])
+    assert model_busy.waiting == 0 and not app._stops
+
+
+def test_full_class_is_told_when_to_come_back(app, model_busy):
+    waiting = app.generate_view(PROMPT, "offline", max_new_tokens=8, request=req("w1"))
+    next(waiting)
+    with mock.patch.object(model_busy, "max_waiting", 1):
+        frames = list(app.generate_view(PROMPT, "offline", max_new_tokens=8, request=req("w2")))
+    assert len(frames) == 1
+    text = status_of(frames[0])
+    assert "the class is full" in text and "Please press Run again in about" in text
+    assert "Queue is full" not in text
+    waiting.close()  # the page went away: the ticket leaves the line
+    assert model_busy.waiting == 0 and not app._stops
+
+
+def test_a_new_run_replaces_the_sessions_previous_one(app, model_busy):
+    old = app.generate_view(PROMPT, "offline", max_new_tokens=8, request=req("same"))
+    next(old)
+    new = app.generate_view(PROMPT, "offline", max_new_tokens=8, request=req("same"))
+    assert "in line" in status_of(next(new))
+    rest = list(old)  # the old run was stopped by the new Run
+    assert "you pressed Stop" in status_of(rest[-1])
+    assert model_busy.waiting == 1
+    new.close()
+    assert model_busy.waiting == 0 and not app._stops
+
+
+def test_an_unread_stream_loses_its_place(app, model_busy):
+    with mock.patch.object(ui_session, "_unread", lambda key: 5 if key == "gone" else None), \
+            mock.patch.object(ui_session, "READ_PATIENCE_S", 0.5):
+        t0 = time.perf_counter()
+        frames = list(app.generate_view(PROMPT, "offline", max_new_tokens=8, request=req("gone")))
+    assert time.perf_counter() - t0 < 3.0
+    assert "its stream was not read" in status_of(frames[-1]) and model_busy.waiting == 0
+
+
+def test_runs_are_served_in_order_once_the_model_is_free(app):
+    """Two sessions: the second waits (its place shown) and is served after the first, both in full."""
+    outs: dict[str, list] = {}
+
+    def run(name: str) -> None:
+        outs[name] = list(app.generate_view(PROMPT, "offline", max_new_tokens=6, request=req(name)))
+
+    a = threading.Thread(target=run, args=("first",))
+    a.start()
+    time.sleep(0.05)
+    run("second")
+    a.join(60)
+    for name in ("first", "second"):
+        assert outs[name][-1][-1] is not None and outs[name][-1][-1].summary is not None
+    assert app.MODEL.waiting == 0 and app.MODEL.running == 0
+
+
+def test_baseline_waits_for_nobody_while_others_are_in_line(app, model_busy):
+    g = app.generate_view(PROMPT, "offline", max_new_tokens=8, request=req("someone"))
+    next(g)
+    record = ui_session.RunRecord(preset="offline", prompt="A prompt never timed.", settings={"temperature": 0.0},
+                                  all_drafters=["x"], drafters=["x"])
+    record.rounds = [SimpleNamespace(new_tokens=4, emitted=[1], emitted_text=["a"])]
+    with mock.patch.object(ui_generate, "measure_target", side_effect=AssertionError("timed while others wait")), \
+            mock.patch.object(ui_generate, "_record_view", lambda r: ui_generate.viz.LiveView({}, [])):
+        stats, baselines = app.measure_baseline(record, {}, True, False)
+    assert "not timed now" in stats and baselines == {}
+    g.close()
+
+
+# ----------------------------------------------------------------------------------------------
+# Page loads
+
+
+def test_page_load_queues_no_model_work(app):
+    demo = app.build_demo()
+    loads = [d for d in demo.config["dependencies"] if any(t[1] == "load" for t in d["targets"])]
+    assert loads, "the page has load events"
+    for d in loads:
+        assert d["queue"] is False, f"a page load queues {demo.fns[d['id']].name}"
+    names = {demo.fns[d["id"]].name for d in loads}
+    assert "run_playground" not in names and "measure_baseline" not in names
+    with mock.patch.object(app.MODEL, "acquire", side_effect=AssertionError("page load took the model")):
+        first = ui_playground.playground_default()
+    assert ui_playground.playground_default() is first  # computed once per server, not once per page
+
+
+# ----------------------------------------------------------------------------------------------
+# Rounds of many requests in one pass: each request's output is its solo output
+
+
+def _emitted(events) -> list[int]:
+    rounds, _ = collect(events)
+    return [t for ev in rounds for t in ev.emitted]
+
+
+def _together(bundle, prompts, kw_of, max_batch: int):
+    rounds = Rounds(bundle.target, max_batch=max_batch, idle_s=1.0)
+    streams = []
+    for i, p in enumerate(prompts):
+        req = prepare(bundle, p, **kw_of(i))
+        streams.append(rounds.submit(req, steps(req, None)))
+    return [_emitted(s) for s in streams], rounds
+
+
+@pytest.mark.parametrize("temperature, policy", [(0.0, "metasd-ucb"), (1.0, "round-robin")])
+def test_batched_rounds_give_each_request_its_solo_output_tiny(temperature, policy):
+    bundle = tiny_bundle(vocab=64)
+    assert pack_linears(bundle.target) > 0 and row_invariant(bundle.target)
+    g = torch.Generator().manual_seed(3)
+    prompts = [torch.randint(0, 64, (n,), generator=g).tolist() for n in (5, 17, 9, 30, 12, 3)]
+
+    def kw(i: int) -> dict:
+        return {"chat_template": False, "max_new_tokens": 12 + 4 * i, "temperature": temperature, "policy": policy,
+                "seed": i}
+
+    solo = [_emitted(generate(bundle, p, **kw(i))) for i, p in enumerate(prompts)]
+    together, rounds = _together(bundle, prompts, kw, max_batch=4)  # 6 requests: two join as others leave
+    assert together == solo
+    assert rounds.most >= 3 and rounds.share
+
+
+def test_unpacked_rows_are_not_invariant_so_passes_are_not_shared():
+    """Plain F.linear (MKL sgemm) gives a row other bits beside other rows: measured, and then not shared."""
+    bundle = tiny_bundle(vocab=64)
+    assert not row_invariant(bundle.target)
+    prompts = [[1, 2, 3, 4, 5, 6], [9, 8, 7, 6, 5, 4, 3, 2]]
+
+    def kw(i: int) -> dict:
+        return {"chat_template": False, "max_new_tokens": 20, "temperature": 0.0, "seed": i}
+
+    solo = [_emitted(generate(bundle, p, **kw(i))) for i, p in enumerate(prompts)]
+    together, rounds = _together(bundle, prompts, kw, max_batch=4)
+    assert together == solo and not rounds.share and rounds.most == 1
+
+
+def test_verify_together_is_bitwise_the_solo_pass_on_the_offline_model(app):
+    target = app.get_bundle("offline").target
+    assert row_invariant(target)
+    g = torch.Generator().manual_seed(0)
+    vocab = target.config.vocab_size
+    prompts = [torch.randint(0, vocab, (n,), generator=g).tolist() for n in (7, 40, 3)]
+    drafts = [torch.randint(0, vocab, (k,), generator=g).tolist() for k in (4, 0, 6)]
+    caches, solo = [], []
+    with torch.no_grad():
+        for p, d in zip(prompts, drafts, strict=True):
+            c = DynamicCache(config=target.config)
+            target(input_ids=torch.tensor([p[:-1]]), past_key_values=c, use_cache=True)
+            caches.append(c)
+            mine = copy.deepcopy(c)
+            pos = torch.arange(len(p) - 1, len(p) + len(d)).view(1, -1)
+            solo.append(target(input_ids=torch.tensor([[p[-1], *d]]), position_ids=pos, past_key_values=mine,
+                               use_cache=True).logits[0])
+    together = verify_together(target, [VerifyPart([p[-1], *d], len(p) - 1, c)
+                                        for p, d, c in zip(prompts, drafts, caches, strict=True)])
+    for a, b in zip(solo, together, strict=True):
+        assert torch.equal(a, b)
+
+
+def test_batched_rounds_give_each_request_its_solo_output_offline(app):
+    bundle = app.get_bundle("offline")
+    prompts = [e["turns"][0] for e in app.EXAMPLES[:3]]
+
+    def kw(i: int) -> dict:
+        return {"max_new_tokens": 16, "temperature": 0.0, "policy": app.PAGE_POLICY}
+
+    solo = [_emitted(generate(bundle, p, **kw(i))) for i, p in enumerate(prompts)]
+    together, rounds = _together(bundle, prompts, kw, max_batch=3)
+    assert together == solo and rounds.most >= 2
+
+
+def test_page_runs_share_rounds_and_get_their_solo_answers(app):
+    """The serving path with shared rounds on: two sessions' runs at once, each its solo answer."""
+    bundle = app.get_bundle("offline")
+    prompts = [e["turns"][0] for e in app.EXAMPLES[4:6]]
+    solo = [_emitted(generate(bundle, p, max_new_tokens=12, policy=app.PAGE_POLICY)) for p in prompts]
+    slots = app.MODEL.slots
+    line = ui_generate.start_rounds(bundle)
+    try:
+        assert "shared rounds: up to" in line and ui_generate.ROUNDS is not None
+        outs: dict[int, list] = {}
+
+        def run(i: int) -> None:
+            outs[i] = list(app.generate_view(prompts[i], "offline", max_new_tokens=12, request=req(f"class-{i}")))
+
+        threads = [threading.Thread(target=run, args=(i,)) for i in range(2)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(300)
+        for i in range(2):
+            record = outs[i][-1][-1]
+            assert [t for ev in record.rounds for t in ev.emitted] == solo[i]
+        if app.MODEL.slots >= 2:
+            assert ui_generate.ROUNDS.most >= 2, "the runs never shared a pass"
+    finally:
+        ui_generate.ROUNDS = None
+        app.MODEL.resize(slots)
+    assert app.MODEL.running == 0 and app.MODEL.waiting == 0 and not app._stops
