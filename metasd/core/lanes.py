@@ -30,6 +30,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from metasd.core.prompts import encode_prompt, scaffold_positions
 from metasd.core.sampling import Sampling, warp
 
 if TYPE_CHECKING:
@@ -213,8 +214,6 @@ def lanes_for(bundle: Bundle, prompt: str | list[int], rounds: Sequence[RoundEve
               *, post: bool = True) -> tuple[Lanes, float]:
     """A finished (or stopped) run's lanes, from its events and its settings (`Summary.config`), and the
     seconds the after-the-answer part took. `post=False` keeps only the live cells (missing ones 0)."""
-    from metasd.core.engine import encode_prompt, scaffold_positions
-
     t = time.perf_counter()
     names = list(config.get("drafters") or bundle.drafter_names)
     chat = bool(config.get("chat_template", True))
