@@ -60,11 +60,10 @@ def final_status(s: Summary) -> str:
 
 # ---- drafter lanes (metasd/core/lanes.py) ------------------------------------------------------
 
-LANES_PENDING = "Drafter lanes: computed when the answer ends (one teacher-forced pass per model drafter)."
-
-
-def lanes_placeholder(text: str = LANES_PENDING) -> str:
-    return viz.lanes_html([], {}, {}, empty=text)
+def lanes_placeholder(text: str | None = None) -> str:
+    """The lanes block before there are lanes: a one-line note, or (while an answer streams) nothing at all, so
+    that the plots under the answer keep their place on a 1920x1080 screen until the lanes arrive."""
+    return "" if text is None else viz.lanes_html([], {}, {}, empty=text)
 
 
 def lanes_view(rounds: Sequence[RoundEvent], lanes: Mapping[str, Sequence[float]], colors: Mapping[str, str],

@@ -229,7 +229,7 @@ def _waiting_frames(ticket: Ticket, view: viz.LiveView, record: RunRecord, basel
         note = (f"Waiting for the model: {place.running} run(s) on it now, {MODEL.waiting} in line. Stop takes "
                 "this run out of the line.")
         if first:
-            yield (*frame(view, record, baselines, status, note), None)
+            yield (*frame(view, record, baselines, status, note), None, lanes_placeholder())
             first = False
         elif status != said or time.perf_counter() - said_at >= WAIT_UPDATE_S:
             yield (view.tokens_html(status), skip, skip, stats(view, record, baselines, note), skip, skip, skip, skip)
