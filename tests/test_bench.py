@@ -67,7 +67,7 @@ def questions_file(tmp_path):
 def test_default_methods_and_syntax():
     ms = parse_methods(None, TINY_DRAFTERS, ["layer-skip", "tiny-lm"])
     singles = [f"single:{d}" for d in TINY_DRAFTERS]
-    assert [m.name for m in ms] == ["baseline", "hf-pld", *singles, "metasd-ucb", "metasd-ucb-cost", "oracle"]
+    assert [m.name for m in ms] == ["baseline", "hf-pld", *singles, "metasd-ucb", "metasd-ucb-cost", "metasd-tree", "oracle"]
     ms = parse_methods("hf-pld:3,hf-assisted:tiny-lm,metasd-ucb/throughput,hedge,single:layer-skip", TINY_DRAFTERS,
                        ["layer-skip", "tiny-lm"], reward="be")
     by = {m.name: m for m in ms}

@@ -315,7 +315,7 @@ def test_closed_tab_unload_stops_the_sessions_runs(app):
 
 
 def _final_text(outputs) -> str:
-    return "".join("".join(ev.emitted_text) for ev in outputs[-1][6].rounds)
+    return "".join("".join(ev.emitted_text) for ev in outputs[-1].record.rounds)
 
 
 @pytest.mark.parametrize("fault", [torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 20.00 GiB"),
@@ -336,7 +336,7 @@ def test_a_fault_mid_generation_is_reported_and_the_next_request_is_clean(app, f
         for out in app.generate_view(PROMPT, "offline", max_new_tokens=12, request=request("faulty")):
             seen.append(out)
     # the user saw the rounds before the fault (frames may batch rounds: the last one holds both)
-    assert len(seen) >= 2 and "round 2," in seen[-1][0] and "round 3," not in seen[-1][0]
+    assert len(seen) >= 2 and "round 2," in seen[-1].tokens and "round 3," not in seen[-1].tokens
     msg = str(err.value.message)
     if isinstance(fault, torch.OutOfMemoryError):
         assert "Out of memory" in msg
@@ -350,7 +350,7 @@ def test_a_fault_mid_generation_is_reported_and_the_next_request_is_clean(app, f
 
 def test_a_fault_in_the_baseline_measurement_is_a_message(app):
     outs = consume(app.generate_view(PROMPT, "offline", max_new_tokens=4))
-    record = outs[-1][6]
+    record = outs[-1].record
 
     def boom(*a, **k):
         raise torch.OutOfMemoryError("CUDA out of memory")
@@ -372,7 +372,7 @@ def test_memory_is_bounded_over_many_runs(app):
     def one(i: int) -> None:
         outs = consume(app.generate_view(prompts[i % len(prompts)], "offline", max_new_tokens=4,
                                          request=request(f"mem-{i % 5}")))
-        app.write_logs(outs[-1][6])  # the download files too: the temp dir must stay bounded
+        app.write_logs(outs[-1].record)  # the download files too: the temp dir must stay bounded
 
     t0 = time.perf_counter()
     for i in range(n_warm):

@@ -88,20 +88,20 @@ def test_replay_ends_on_exactly_the_live_token_view(tmp_path):
     app.get_bundle("offline")
     prompt = app.EXAMPLES[8]["turns"][0]
     live = list(app.generate_view(prompt, "offline", None, app.PAGE_POLICY, max_new_tokens=48))
-    record = live[-1][6]
+    record = live[-1].record
     _, js = app.write_logs(record)
     replayed = list(app.replay_view(js["value"], "", 64.0))
-    assert replayed[-1][0] == live[-1][0], "the replay's final token view differs from the live one"
-    assert replayed[-1][5] == live[-1][5]  # the plain-text answer too
+    assert replayed[-1].tokens == live[-1].tokens, "the replay's final token view differs from the live one"
+    assert replayed[-1].text == live[-1].text  # the plain-text answer too
     # the round slider: every round's state, and the last one is the end state
     n = len(record.rounds)
-    assert app.replay_at(js["value"], "", n)[0] == live[-1][0]
-    middle = app.replay_at(js["value"], "", n // 2)[0]
-    assert middle.count('class="tok ') < live[-1][0].count('class="tok ')
+    assert app.replay_at(js["value"], "", n).tokens == live[-1].tokens
+    middle = app.replay_at(js["value"], "", n // 2).tokens
+    assert middle.count('class="tok ') < live[-1].tokens.count('class="tok ')
     with pytest.raises(app.gr.Error, match="round"):
         app.replay_at(js["value"], "", n + 1)
     # a gallery run by name; an unknown name is refused
-    assert "done:" in list(app.replay_view(None, app.gallery()[0][1], 64.0))[-1][0]
+    assert "done:" in list(app.replay_view(None, app.gallery()[0][1], 64.0))[-1].tokens
     with pytest.raises(app.gr.Error, match="no recorded run"):
         list(app.replay_view(None, "../app.py", 2.0))
 

@@ -103,7 +103,7 @@ def req(session: str) -> SimpleNamespace:
 
 
 def status_of(frame: tuple) -> str:
-    return f"{frame[0]} {frame[3]}"
+    return f"{frame.tokens} {frame.stats}"
 
 
 @pytest.fixture
@@ -121,7 +121,7 @@ def test_waiting_run_sees_its_place_and_stop_takes_it_out(app, model_busy):
     t0 = time.perf_counter()
     first = next(g)
     assert time.perf_counter() - t0 < 2.0
-    assert "1st in line, about" in status_of(first) and first[-1] is None
+    assert "1st in line, about" in status_of(first) and first.record is None
     assert model_busy.waiting == 1
     app.stop_generation(req("queued"))
     t0 = time.perf_counter()
@@ -178,7 +178,7 @@ def test_runs_are_served_in_order_once_the_model_is_free(app):
     run("second")
     a.join(60)
     for name in ("first", "second"):
-        assert outs[name][-1][-1] is not None and outs[name][-1][-1].summary is not None
+        assert outs[name][-1].record is not None and outs[name][-1].record.summary is not None
     assert app.MODEL.waiting == 0 and app.MODEL.running == 0
 
 
@@ -316,7 +316,7 @@ def test_page_runs_share_rounds_and_get_their_solo_answers(app):
         for t in threads:
             t.join(300)
         for i in range(2):
-            record = outs[i][-1][-1]
+            record = outs[i][-1].record
             assert [t for ev in record.rounds for t in ev.emitted] == solo[i]
         if app.MODEL.slots >= 2:
             assert ui_generate.ROUNDS.most >= 2, "the runs never shared a pass"

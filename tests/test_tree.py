@@ -284,3 +284,29 @@ def test_page_folds_other_branches_and_shows_tree_shares():
     fig = viz.arm_probability_figure([ev], colors)
     assert [t.y[0] for t in fig.data[:2]] == [0.6, 0.4]
     assert "up to 8 ids per pass, 6.0 verified per call, 1 of 1 rounds" in viz.tree_budget_note([ev])
+
+
+def test_a_tree_run_file_replays_its_branches(monkeypatch):
+    """Run files keep a tree round's details: a replay folds the same branches and states the same budget."""
+    import json
+
+    from metasd.core.runfile import parse_run, run_document
+    from metasd.ui import viz
+
+    _full_trees(monkeypatch)
+    bundle = tiny_bundle(vocab=20, seed=1, layers=2)
+    rounds, s = run(bundle, [3, 7, 1, 4, 9, 3, 7, 1, 4, 9], policy="metasd-tree", max_new_tokens=30, gamma=3)
+    assert any(r.branches for r in rounds)
+    colors = viz.drafter_colors(bundle.drafter_names)
+    doc = run_document("ids", rounds, s, preset="tiny", drafters=bundle.drafter_names, colors=colors,
+                       settings=s.config)
+    back = parse_run(json.dumps(doc))
+    assert back.rounds == rounds and back.summary.ids_verified == s.ids_verified
+    assert "".join(viz.round_spans(back.rounds[-1], colors)) == "".join(viz.round_spans(rounds[-1], colors))
+    assert viz.tree_budget_note(back.rounds) == viz.tree_budget_note(rounds) != ""
+    # a branch is checked like every other field
+    bad = json.loads(json.dumps(doc))
+    r = next(r for r in bad["rounds"] if r["branches"])
+    r["branches"][0]["tokens"] = [1] * 65
+    with pytest.raises(Exception, match="branch 1: tokens"):
+        parse_run(json.dumps(bad))

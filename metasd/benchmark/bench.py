@@ -85,7 +85,8 @@ class Method:
 
 
 def default_methods(drafter_names: Sequence[str]) -> list[str]:
-    return ["baseline", "hf-pld", *map(single_method, drafter_names), "metasd-ucb", "metasd-ucb-cost", "oracle"]
+    return ["baseline", "hf-pld", *map(single_method, drafter_names), "metasd-ucb", "metasd-ucb-cost", "metasd-tree",
+            "oracle"]
 
 
 def method_help() -> str:

@@ -209,7 +209,43 @@ def _round(i: int, r: Any) -> RoundEvent:
         new_tokens=_int(r["new_tokens"], f"{at}: new_tokens", 0, 10**8),
         emitted_text=_strs(r["emitted_text"], f"{at}: emitted_text", (len(emitted),)),
         draft_text=_strs(r["draft_text"], f"{at}: draft_text", (0, len(draft))),
+        **_tree_fields(r, at),
     )
+
+
+def _branch(b: Any, at: str) -> dict[str, Any]:
+    """One folded branch of a token-tree round (metasd.core.tree.other_branches), checked field by field."""
+    if not isinstance(b, dict):
+        raise InvalidInput(f"{at} is not an object")
+    toks = _ints(b.get("tokens"), f"{at}: tokens", RUN_MAX_DRAFT)
+    names = b.get("drafters") or []
+    if not isinstance(names, list) or len(names) > RUN_MAX_DRAFTERS:
+        raise InvalidInput(f"{at}: drafters must be a list of at most {RUN_MAX_DRAFTERS} names")
+    return {"drafter": _name(b.get("drafter"), f"{at}: drafter"), "drafters": [_name(n, f"{at}: drafters") for n in names],
+            "from": _int(b.get("from", 0), f"{at}: from", 0, RUN_MAX_DRAFT), "tokens": list(toks),
+            "text": list(_strs(b.get("text", []), f"{at}: text", (0, len(toks)))),
+            "accepted": _int(b.get("accepted", 0), f"{at}: accepted", 0, RUN_MAX_DRAFT)}
+
+
+def _tree_fields(r: dict[str, Any], at: str) -> dict[str, Any]:
+    """A round's optional token-tree fields (absent in chain rounds of older files): read back so a replay
+    shows the folded branches and the budget as the live run did."""
+    out: dict[str, Any] = {}
+    for k in ("ids_verified", "tree_budget"):
+        if k in r:
+            out[k] = _int(r[k], f"{at}: {k}", 0, RUN_MAX_DRAFTERS * (RUN_MAX_DRAFT + 1))
+    for k in ("regret_single", "regret_tree_ms"):
+        if k in r:
+            out[k] = _num(r[k], f"{at}: {k}")
+    for k in ("tree_share", "credit", "split_ms"):
+        if k in r:
+            out[k] = {n: float(v) for n, v in _arm_map(r[k], f"{at}: {k}", False).items()}
+    branches = r.get("branches", [])
+    if not isinstance(branches, list) or len(branches) > RUN_MAX_DRAFTERS:
+        raise InvalidInput(f"{at}: branches must be a list of at most {RUN_MAX_DRAFTERS}")
+    if branches:
+        out["branches"] = tuple(_branch(b, f"{at}: branch {j + 1}") for j, b in enumerate(branches))
+    return out
 
 
 def _small_object(x: Any, what: str) -> dict[str, Any]:
@@ -262,6 +298,7 @@ def _summary(doc: dict[str, Any]) -> Summary | None:
         verify_s=f("verify_s"), overhead_s=f("overhead_s"), prefill_s=f("prefill_s"), stop_reason=reason,
         regret=f("regret", -1e12), regret_measured=st.get("regret_measured", False) is True,
         drafters=_drafter_stats(st.get("drafters") or {}), config=_small_object(doc.get("config"), "config"),
+        ids_verified=_int(st.get("ids_verified", 0), "stats.ids_verified"),
     )
 
 
@@ -334,6 +371,11 @@ def rendered_bytes(events: Sequence[RoundEvent]) -> int:
         n = len(ev.emitted) + max(0, len(ev.draft) - ev.accepted)
         total += n * (SPAN_BYTES + 3 * name) + sum(len(html.escape(t, quote=True)) + 2 for t in pieces)
         total += 10 * max(0, len(ev.draft) - ev.accepted - len(ev.draft_text[ev.accepted:]))  # "<id>" stand-ins
+        # a tree round's folded branches (viz.tree_fold_spans): one hover line per branch; repr and escaping
+        # grow a character to at most 8 bytes ("\\x00" is 4, escaped "&#x27;" 6)
+        total += 256 * bool(ev.branches) + sum(
+            128 + 8 * sum(map(len, b["text"])) + sum(len(html.escape(n, quote=True)) + 2 for n in b["drafters"])
+            for b in ev.branches)
     return total
 
 

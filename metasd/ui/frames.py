@@ -4,8 +4,9 @@ arm probabilities, regret, the numbers, the per-drafter table and the plain text
 from __future__ import annotations
 
 import json
+from collections import namedtuple
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 import gradio as gr
 from gradio.components.plot import PlotData
@@ -41,11 +42,43 @@ def stats(view: viz.LiveView, record: RunRecord, baselines: dict[str, Any] | Non
                           (note or (base["note"] if base else SPEEDUP_HINT)) + drawn + (f" {tree}." if tree else ""))
 
 
-def frame(view: viz.LiveView, record: RunRecord, baselines: dict[str, Any] | None, status: str | None,
-          note: str = "") -> tuple:
-    """Every view at once: token view, the two figures, the numbers, the per-drafter table, the plain text."""
-    return (view.tokens_html(status), plot(view.arm_json()), plot(view.regret_json()),
-            stats(view, record, baselines, note), view.table(), view.text())
+SKIP: Any = gr.skip()  # an output left as it is
+
+
+class Frame(NamedTuple):
+    """One update of a run's views, the same for Generate and Replay: one field per output, by name (an event's
+    output list is built from these names, `outputs`), gr.skip() where a view stays as it is. The order is the
+    /generate API's (docs/DESIGN.md §5); Replay has no `record` output."""
+
+    tokens: Any = SKIP  # the token view (HTML)
+    arms: Any = SKIP  # arm probabilities (plotly)
+    regret: Any = SKIP  # cumulative regret (plotly)
+    stats: Any = SKIP  # the stat cards (HTML)
+    table: Any = SKIP  # per drafter (pandas)
+    text: Any = SKIP  # the plain-text answer
+    record: Any = SKIP  # the finished run (session state: the downloads and the target-alone timing read it)
+    lanes: Any = SKIP  # the drafter lanes (HTML)
+
+    def for_replay(self) -> ReplayFrame:
+        """The same views for Replay's outputs, which have no `record`."""
+        return ReplayFrame(*(getattr(self, f) for f in REPLAY_FIELDS))
+
+
+REPLAY_FIELDS = tuple(f for f in Frame._fields if f != "record")
+ReplayFrame = namedtuple("ReplayFrame", REPLAY_FIELDS)  # Frame without `record`, still by name
+
+
+def outputs(components: Mapping[str, Any], fields: Sequence[str] = Frame._fields) -> list[Any]:
+    """An event's output components in the order of its frames' fields (a missing view fails at build time)."""
+    return [components[f] for f in fields]
+
+
+def frame(view: viz.LiveView, run: RunRecord, baselines: dict[str, Any] | None, status: str | None,
+          note: str = "", **more: Any) -> Frame:
+    """Every view of `run` at once: token view, the two figures, the numbers, the per-drafter table, the plain
+    text; `more`: the other fields (record: the run handed to the session's state, lanes)."""
+    return Frame(tokens=view.tokens_html(status), arms=plot(view.arm_json()), regret=plot(view.regret_json()),
+                 stats=stats(view, run, baselines, note), table=view.table(), text=view.text(), **more)
 
 
 def final_status(s: Summary) -> str:

@@ -41,6 +41,7 @@ from metasd.ui.config import (
 from metasd.ui.errors import failure, refused
 from metasd.ui.frames import (
     STREAM_PLACEHOLDER,
+    Frame,
     baseline_key,
     final_status,
     frame,
@@ -161,18 +162,19 @@ def _stream(events: Iterator[Any], stop: threading.Event, view: viz.LiveView, re
     try:
         ticket = MODEL.join(key, stop)
         if ticket is None:  # past capacity: said at once, in the page's own words
-            yield (*frame(view, record, baselines, "the class is full", full_note()), None, lanes_placeholder())
+            yield frame(view, record, baselines, "the class is full", full_note(), record=None, lanes=lanes_placeholder())
             return
         yield from _waiting_frames(ticket, view, record, baselines, reading)
         if ticket.left:
             why = "you pressed Stop" if ticket.left == "stopped" else "its stream was not read"
-            yield (*frame(view, record, baselines, f"left the line before starting: {why}"), None, lanes_placeholder())
+            yield frame(view, record, baselines, f"left the line before starting: {why}", record=None,
+                        lanes=lanes_placeholder())
             return
         # The engine starts before the first frame is drawn: prefill runs meanwhile.
         own = HAS_CUDA or ROUNDS is not None  # shared rounds: torch runs in the rounds' thread, not this stream's
         stream = EngineStream(events, stop, max_fps=FRAME_FPS, torch_threads=None if own else TORCH_THREADS,
                               prefill_threads=None if own else PREFILL_THREADS)
-        yield (*frame(view, record, baselines, None, "starting: prefill ..."), None, lanes_placeholder())
+        yield frame(view, record, baselines, None, "starting: prefill ...", record=None, lanes=lanes_placeholder())
         yield from _engine_frames(stream, view, record, baselines, reading)
     except InvalidInput as e:
         raise refused(e) from None
@@ -222,17 +224,16 @@ def _waiting_frames(ticket: Ticket, view: viz.LiveView, record: RunRecord, basel
                     reading: Callable[[], bool]) -> Iterator[tuple]:
     """While the run waits: a full frame at once, then the status and numbers whenever the place changes
     (at least every WAIT_UPDATE_S, which also tells whether the client still reads its stream)."""
-    skip = gr.skip()
     said, said_at, first = "", 0.0, True
     for place in MODEL.wait(ticket, reading=reading):
         status = waiting_status(place)
         note = (f"Waiting for the model: {place.running} run(s) on it now, {MODEL.waiting} in line. Stop takes "
                 "this run out of the line.")
         if first:
-            yield (*frame(view, record, baselines, status, note), None, lanes_placeholder())
+            yield frame(view, record, baselines, status, note, record=None, lanes=lanes_placeholder())
             first = False
         elif status != said or time.perf_counter() - said_at >= WAIT_UPDATE_S:
-            yield (view.tokens_html(status), skip, skip, stats(view, record, baselines, note), skip, skip, skip, skip)
+            yield Frame(tokens=view.tokens_html(status), stats=stats(view, record, baselines, note))
         else:
             continue
         said, said_at = status, time.perf_counter()
@@ -263,26 +264,27 @@ def _engine_frames(stream: EngineStream, view: viz.LiveView, record: RunRecord,
             record = replace(record, rounds=view.rounds, summary=view.summary)
             status = final_status(view.summary) if view.summary else "ended"
             if view.summary is None or view.summary.stop_reason == "stopped":  # Stop, or the tab closed: no more work
-                yield (*frame(view, record, baselines, status), record, lanes_placeholder(LANES_STOPPED))
+                yield frame(view, record, baselines, status, record=record, lanes=lanes_placeholder(LANES_STOPPED))
                 break
-            yield (*frame(view, record, baselines, status), record, gr.skip())
+            yield frame(view, record, baselines, status, record=record)
             # The lanes after the answer: its frame is out first, so they never delay it.
             lanes = in_fresh_thread(lambda r=record: run_lanes(r), None if HAS_CUDA else PREFILL_THREADS, "metasd-lanes")
             record = replace(record, lanes=lanes)
             # The final frame again, whole (a caller reading only the last one gets every view), with the lanes.
-            yield (*frame(view, record, baselines, status), record,
-                   lanes_view(record.rounds, lanes, view.colors, empty="No drafter lanes for this run (see the server log)."))
+            yield frame(view, record, baselines, status, record=record,
+                        lanes=lanes_view(record.rounds, lanes, view.colors,
+                                         empty="No drafter lanes for this run (see the server log)."))
             break
         # The tokens go out every frame (appended text); the figures, numbers and table, which are
         # re-sent whole, at most every PLOT_INTERVAL_S, and less often as they grow.
-        skip = gr.skip()
-        slow: tuple[Any, ...] = (skip, skip, skip, skip, skip)
+        out = Frame(tokens=view.tokens_html(), text=view.text())
         if t_frame - plotted_at >= PLOT_INTERVAL_S * (1 + len(view.rounds) / 100) and len(view.rounds) != plotted_rounds:
             note = f"round {len(view.rounds)} \u00b7 {view.new_tokens} tokens \u00b7 streaming{_company()} ..."
-            slow = (plot(view.arm_json()), plot(view.regret_json()), stats(view, record, baselines, note), view.table(),
-                    live_lanes(view.rounds, record, view.colors))  # with full information: live
+            out = out._replace(arms=plot(view.arm_json()), regret=plot(view.regret_json()),
+                               stats=stats(view, record, baselines, note), table=view.table(),
+                               lanes=live_lanes(view.rounds, record, view.colors))  # with full information: live
             plotted_at, plotted_rounds = t_frame, len(view.rounds)
-        yield (view.tokens_html(), *slow[:4], view.text(), skip, slow[4])
+        yield out
         stream.frame_cost(time.perf_counter() - t_frame)
 
 

@@ -17,7 +17,7 @@ from metasd.ui import viz
 from metasd.ui.config import ASSETS, EXAMPLES, FRAME_FPS, task_title
 from metasd.ui.errors import failure, refused
 from metasd.ui.files import read_upload
-from metasd.ui.frames import STREAM_PLACEHOLDER, final_status, frame, lanes_view
+from metasd.ui.frames import REPLAY_FIELDS, SKIP, STREAM_PLACEHOLDER, Frame, final_status, frame, lanes_view
 from metasd.ui.session import STOPS, RunRecord, replay_key
 
 RUNS_DIR = ASSETS / "runs"
@@ -122,14 +122,14 @@ def replay_view(run_file: Any = None, name: str = "", speed: float = 2.0, reques
     note = _replay_note(run, label) + (f" Played at {pace:.2g}\u00d7 (a replay lasts at most {REPLAY_MAX_S:.0f} s)."
                                         if pace > speed else "")
     try:
-        yield (*frame(view, record, None, None, note), _lanes(run, view))
+        yield frame(view, record, None, None, note, lanes=_lanes(run, view)).for_replay()
         yield from _replay_frames(run, view, pace, stop)
         if len(view.rounds) == len(run.rounds) and run.summary is not None:
             view.add(run.summary, run.summary.wall_s)
             status = final_status(run.summary)  # exactly the status line the live run ended on
         else:
             status = f"replay stopped at round {len(view.rounds)} of {len(run.rounds)}"
-        yield (*frame(view, record, None, status, note), _lanes(run, view))
+        yield frame(view, record, None, status, note, lanes=_lanes(run, view)).for_replay()
     finally:
         STOPS.end(key, stop)
 
@@ -148,10 +148,10 @@ def _replay_frames(run: Replay, view: viz.LiveView, pace: float, stop: threading
         view.add(ev, clock)
         if time.perf_counter() - shown >= 1.0 / FRAME_FPS:
             shown = time.perf_counter()
-            lanes = gr.skip()
+            lanes = SKIP
             if shown - laned >= 1.0:  # the lanes (a larger block) once a second
                 lanes, laned = _lanes(run, view), shown
-            yield (view.tokens_html(), gr.skip(), gr.skip(), gr.skip(), gr.skip(), view.text(), lanes)
+            yield Frame(tokens=view.tokens_html(), text=view.text(), lanes=lanes).for_replay()
 
 
 def replay_at(run_file: Any, name: str, k: Any):
@@ -170,8 +170,8 @@ def replay_at(run_file: Any, name: str, k: Any):
     if k == len(run.rounds) and run.summary is not None:
         view.add(run.summary, run.summary.wall_s)
         status = final_status(run.summary)
-    return (*frame(view, record, None, status if status else f"round {k} of {len(run.rounds)}", _replay_note(run, label)),
-            _lanes(run, view))
+    return frame(view, record, None, status if status else f"round {k} of {len(run.rounds)}", _replay_note(run, label),
+                 lanes=_lanes(run, view)).for_replay()
 
 
 def replay_rounds(run_file: Any, name: str):
@@ -209,7 +209,7 @@ def open_grid_run(runs: list[str], evt: gr.SelectData):
     last round, lanes and all."""
     row = evt.index[0] if isinstance(evt.index, list | tuple) else evt.index
     if not isinstance(row, int) or not 0 <= row < len(runs or []):
-        return (gr.skip(),) * 10
+        return (SKIP,) * (3 + len(REPLAY_FIELDS))
     path = runs[row]
     try:
         n = len(_replay_source(path, "")[0].rounds)

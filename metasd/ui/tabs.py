@@ -31,7 +31,7 @@ from metasd.ui.config import (
     task_title,
 )
 from metasd.ui.files import write_logs
-from metasd.ui.frames import lanes_placeholder, plot
+from metasd.ui.frames import REPLAY_FIELDS, lanes_placeholder, outputs, plot
 from metasd.ui.generate import generate_view, measure_baseline, on_preset, policy_choices, stop_generation
 from metasd.ui.playground import PLAYGROUND_DEFAULTS, PLAYGROUND_DRAFTERS, playground_default, run_playground
 from metasd.ui.replay import gallery, open_grid_run, open_link, replay_at, replay_rounds, replay_view, stop_replay
@@ -225,7 +225,8 @@ def _wire_generate(c: GenerateControls, a: GenerateAnswer, baselines: gr.State, 
                    concurrency: int) -> None:
     gen_inputs = [c.prompt, c.preset, c.drafters, c.policy, c.reward, c.gamma, c.max_new_tokens, c.temperature,
                   c.top_p, c.seed, c.full_info, c.cold, baselines]
-    gen_outputs = [a.tokens, a.arm_plot, a.regret_plot, a.stats, a.table, a.answer_text, record, a.lanes]
+    gen_outputs = outputs({"tokens": a.tokens, "arms": a.arm_plot, "regret": a.regret_plot, "stats": a.stats,
+                           "table": a.table, "text": a.answer_text, "record": record, "lanes": a.lanes})
     buttons = [c.run_btn, c.stop_btn]
     # Run: the buttons say at once that something runs (no queue round trip), then the stream.
     busy = gr.on([c.run_btn.click, c.prompt.submit], _running, None, buttons, queue=False,
@@ -348,7 +349,8 @@ def build_replay_tab(demo: gr.Blocks, tabs: gr.Tabs, drafters0: list[str]) -> No
                     r_arm = gr.Plot(plot(empty.arm_json()), show_label=False, min_width=300)
                     r_regret = gr.Plot(plot(empty.regret_json()), show_label=False, min_width=300)
                 r_table = gr.DataFrame(viz.drafter_table([], drafters0), label="Per drafter", interactive=False)
-        r_outputs = [r_tokens, r_arm, r_regret, r_stats, r_table, r_text, r_lanes]
+        r_outputs = outputs({"tokens": r_tokens, "arms": r_arm, "regret": r_regret, "stats": r_stats,
+                             "table": r_table, "text": r_text, "lanes": r_lanes}, REPLAY_FIELDS)
         played = r_play.click(replay_view, [r_file, r_name, r_speed], r_outputs, api_name="replay",
                               concurrency_limit=8, concurrency_id="replay", show_progress="hidden")
         played.then(replay_rounds, [r_file, r_name], r_round, api_visibility="private", queue=False)
