@@ -2,8 +2,8 @@
 
 This file composes the page from one builder per tab (metasd/ui/tabs.py), gives it its theme, CSS and
 keyboard script, and serves it. Handlers and session state live in metasd/ui/ (its docstring maps it);
-every view is a pure function in metasd/ui/viz.py (events -> HTML, figures, tables). The names that tests
-and scripts use (`app.generate_view`, `app.get_bundle`, `app.TMP`, ...) are re-exported here.
+every view is a pure function in metasd/ui/viz.py (events -> HTML, figures, tables). Nothing is re-exported
+here: tests and scripts import handlers, settings and state from the metasd/ui/ module that defines them.
 
     python app.py            # http://127.0.0.1:7860 (0.0.0.0:$PORT where the host sets PORT / SPACE_ID)
 """
@@ -20,55 +20,29 @@ os.environ["GRADIO_ANALYTICS_ENABLED"] = "False"
 import gradio as gr  # noqa: E402
 import torch  # noqa: E402
 
-from metasd.core.validation import PROMPT_SET_MAX_BYTES, RUN_MAX_BYTES, UPLOAD_MAX_BYTES  # noqa: E402
+from metasd.core.validation import UPLOAD_MAX_BYTES  # noqa: E402
 from metasd.models.loading import cache_root  # noqa: E402
-from metasd.ui.bundles import MODEL, available_presets, default_preset, drafters_of, get_bundle  # noqa: E402
-from metasd.ui.compare import cancel_compare, compare_prompt, compare_set  # noqa: E402
+from metasd.ui.bundles import default_preset, drafters_of, get_bundle  # noqa: E402
+from metasd.ui.compare import cancel_compare  # noqa: E402
 from metasd.ui.config import (  # noqa: E402
     ASSETS,
     BATCH,
-    COMPARE_MAX_NEW_TOKENS,
-    COMPARE_MAX_PROMPTS,
-    EXAMPLES,
     GEN_CONCURRENCY,
     GENERATE_HANDLERS,
     HAS_CUDA,
     HOSTED,
-    MAX_NEW_TOKENS,
     MAX_WAITING,
-    PAGE_EXAMPLE,
-    PAGE_POLICY,
-    PLUGIN_DRAFTERS,
-    PREFILL_THREADS,
     QUEUE_SIZE,
     ROOT,
     TORCH_THREADS,
-    gpu,
 )
 from metasd.ui.errors import name_input_errors  # noqa: E402
-from metasd.ui.files import TMP, TMP_MAX_AGE_S, write_logs  # noqa: E402
-from metasd.ui.generate import generate_view, measure_baseline, start_rounds, stop_generation  # noqa: E402
-from metasd.ui.playground import PLAYGROUND_DRAFTERS, run_playground  # noqa: E402
-from metasd.ui.replay import gallery, open_link, replay_at, replay_rounds, replay_view, stop_replay  # noqa: E402
-from metasd.ui.session import STOPS, Cancelled, RunRecord, gradio_unread, watch_streams  # noqa: E402
+from metasd.ui.files import TMP, TMP_MAX_AGE_S  # noqa: E402
+from metasd.ui.generate import start_rounds, stop_generation  # noqa: E402
+from metasd.ui.replay import stop_replay  # noqa: E402
+from metasd.ui.session import gradio_unread, watch_streams  # noqa: E402
 from metasd.ui.tabs import build_compare_tab, build_generate_tab, build_playground_tab, build_replay_tab  # noqa: E402
 from metasd.ui.text import HEAD, HERO  # noqa: E402
-
-# The stop registry's own dict and lock (never rebound): tests watch which runs are still going.
-_stops = STOPS.runs
-_stops_lock = STOPS.lock
-
-# What tests and scripts reach as `app.<name>`: the handlers, the settings and the shared state.
-__all__ = [
-    "COMPARE_MAX_NEW_TOKENS", "COMPARE_MAX_PROMPTS", "EXAMPLES", "GEN_CONCURRENCY", "GENERATE_HANDLERS", "HAS_CUDA",
-    "HOSTED", "MAX_WAITING",
-    "MAX_NEW_TOKENS", "MODEL",
-    "PAGE_EXAMPLE", "PAGE_POLICY", "PLAYGROUND_DRAFTERS", "PLUGIN_DRAFTERS", "PREFILL_THREADS", "PROMPT_SET_MAX_BYTES",
-    "QUEUE_SIZE", "RUN_MAX_BYTES", "STOPS", "TMP", "TORCH_THREADS", "Cancelled", "RunRecord", "available_presets", "build_demo",
-    "cancel_compare", "compare_prompt", "compare_set", "default_preset", "gallery", "generate_view", "get_bundle", "gpu",
-    "launch", "main", "measure_baseline", "open_link", "replay_at", "replay_rounds", "replay_view", "run_playground",
-    "server_address", "stop_generation", "stop_replay", "UPLOAD_MAX_BYTES", "write_logs",
-]
 
 
 def build_demo() -> gr.Blocks:

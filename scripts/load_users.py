@@ -87,13 +87,14 @@ def one_user(url: str, prompt: str, n: int, go: threading.Event, timeout: float)
 
 def solo_answers(prompts: list[str], n: int) -> dict[str, tuple[str, int]]:
     """Each prompt's answer from the engine alone (the page's policy; greedy output is the target's)."""
-    import app
     from metasd.core.engine import run
+    from metasd.ui.bundles import get_bundle
+    from metasd.ui.config import PAGE_POLICY
 
-    bundle = app.get_bundle("offline")
+    bundle = get_bundle("offline")
     out = {}
     for p in dict.fromkeys(prompts):
-        rounds, summary = run(bundle, p, max_new_tokens=n, policy=app.PAGE_POLICY)
+        rounds, summary = run(bundle, p, max_new_tokens=n, policy=PAGE_POLICY)
         out[p] = ("".join("".join(ev.emitted_text) for ev in rounds), summary.new_tokens)
     return out
 
@@ -157,9 +158,9 @@ def main() -> None:
     a = ap.parse_args()
     if max(a.users) > a.max_users:
         ap.error(f"at most --max-users={a.max_users} users")
-    import app
+    from metasd.ui.config import EXAMPLES
 
-    prompts = [e["turns"][0] for e in app.EXAMPLES][: a.prompts]
+    prompts = [e["turns"][0] for e in EXAMPLES][: a.prompts]
     solo = solo_answers(prompts, a.max_new_tokens)
     port = free_port()
     env = scrubbed_env(SPACE_ID="local/metasd-load", PORT=str(port), METASD_BATCH="1" if a.batching == "on" else "0")

@@ -23,13 +23,14 @@ def main() -> None:
     a = ap.parse_args()
     import torch
 
-    import app
     from metasd.core import engine, lanes
     from metasd.core.engine import run
+    from metasd.ui.bundles import get_bundle
+    from metasd.ui.config import EXAMPLES, PAGE_POLICY, TORCH_THREADS
 
-    torch.set_num_threads(app.TORCH_THREADS)
-    bundle = app.get_bundle("offline")
-    examples = app.EXAMPLES[:: max(1, len(app.EXAMPLES) // a.prompts)][: a.prompts]
+    torch.set_num_threads(TORCH_THREADS)
+    bundle = get_bundle("offline")
+    examples = EXAMPLES[:: max(1, len(EXAMPLES) // a.prompts)][: a.prompts]
     real = lanes.round_scores
     tps: dict[str, list[float]] = {"with": [], "without": []}
     post_ms, full_ms = [], []
@@ -38,14 +39,14 @@ def main() -> None:
         for _ in range(a.repeats):
             for mode in ("without", "with"):  # without: the engine records no lane scores at all
                 engine.lanes.round_scores = real if mode == "with" else (lambda names, r: {})
-                rounds, s = run(bundle, prompt, policy=app.PAGE_POLICY, max_new_tokens=a.max_new_tokens)
+                rounds, s = run(bundle, prompt, policy=PAGE_POLICY, max_new_tokens=a.max_new_tokens)
                 tps[mode].append(s.tokens_per_s)
         engine.lanes.round_scores = real
-        rounds, s = run(bundle, prompt, policy=app.PAGE_POLICY, max_new_tokens=a.max_new_tokens)
+        rounds, s = run(bundle, prompt, policy=PAGE_POLICY, max_new_tokens=a.max_new_tokens)
         t = time.perf_counter()
         lanes.lanes_for(bundle, s.prompt, rounds, s.config)
         post_ms.append(1000 * (time.perf_counter() - t) / s.new_tokens)
-        rounds, s = run(bundle, prompt, policy=app.PAGE_POLICY, max_new_tokens=a.max_new_tokens, full_info=True)
+        rounds, s = run(bundle, prompt, policy=PAGE_POLICY, max_new_tokens=a.max_new_tokens, full_info=True)
         t = time.perf_counter()
         lanes.lanes_for(bundle, s.prompt, rounds, s.config)
         full_ms.append(1000 * (time.perf_counter() - t) / s.new_tokens)

@@ -142,12 +142,12 @@ def main() -> None:
     ap.add_argument("--space", action="store_true",
                     help="start the app as a Space starts it (SPACE_ID and PORT set; still bound to 127.0.0.1)")
     a = ap.parse_args()
-    if a.space:  # before app is imported: its thread settings are read once, at import
+    if a.space:  # before metasd.ui is imported: its thread settings are read once, at import
         os.environ["SPACE_ID"] = "local/metasd-measure"
-    import app
+    from metasd.ui.bundles import get_bundle
     from tests.test_start import free_port, scrubbed_env, started
 
-    bundle = app.get_bundle("offline")
+    bundle = get_bundle("offline")
     env = scrubbed_env()
     env.pop("OMP_NUM_THREADS")  # torch's own default, as for a user
     env.update({k: v for k, v in os.environ.items() if k.startswith("METASD_")})  # e.g. METASD_FRAME_FPS to compare
@@ -157,23 +157,25 @@ def main() -> None:
         env.update({"SPACE_ID": "local/metasd-measure", "PORT": str(port)})
         cmd += ["--host", "127.0.0.1"]
     with started(cmd, env, port) as served:
-        report(served.url, generate_fn_index(served.url), bundle, app, a)
+        report(served.url, generate_fn_index(served.url), bundle, a)
     print(tiny_frames())
 
 
-def report(url: str, fn_index: int, bundle, app, a: argparse.Namespace) -> None:
+def report(url: str, fn_index: int, bundle, a: argparse.Namespace) -> None:
+    from metasd.ui.config import EXAMPLES, PAGE_POLICY, PREFILL_THREADS, TORCH_THREADS
+
     print("| prompt | tokens | engine tok/s | page tok/s | page / engine | engine tok/s inside the page | "
           "first token, page | frames / rounds | kB streamed |")
     print("|---|---:|---:|---:|---:|---:|---:|---:|---:|")
     ratios = []
     for name, idx in PROMPTS.items():
-        prompt = app.EXAMPLES[idx]["turns"][0]
-        via_engine(bundle, prompt, 8, app.PAGE_POLICY)  # warm
+        prompt = EXAMPLES[idx]["turns"][0]
+        via_engine(bundle, prompt, 8, PAGE_POLICY)  # warm
         eng, page = [], []
         for _ in range(a.repeats):
-            eng.append(via_engine(bundle, prompt, a.max_new_tokens, app.PAGE_POLICY,
-                                  None if a.default_threads else (app.PREFILL_THREADS, app.TORCH_THREADS)))
-            page.append(via_page(url, fn_index, bundle.default_drafters, prompt, a.max_new_tokens, app.PAGE_POLICY))
+            eng.append(via_engine(bundle, prompt, a.max_new_tokens, PAGE_POLICY,
+                                  None if a.default_threads else (PREFILL_THREADS, TORCH_THREADS)))
+            page.append(via_page(url, fn_index, bundle.default_drafters, prompt, a.max_new_tokens, PAGE_POLICY))
         e = max(eng, key=lambda r: r["tps"])
         p = min(page, key=lambda r: r["wall"])
         p_tps = e["tokens"] / p["wall"]
@@ -184,7 +186,7 @@ def report(url: str, fn_index: int, bundle, app, a: argparse.Namespace) -> None:
     print(f"\nmean page / engine: {sum(ratios) / len(ratios):.1%}")
     if a.long:
         long_prompt = "Write a long, detailed story about a lighthouse keeper and a storm, in many paragraphs."
-        p = via_page(url, fn_index, bundle.default_drafters, long_prompt, a.long, app.PAGE_POLICY)
+        p = via_page(url, fn_index, bundle.default_drafters, long_prompt, a.long, PAGE_POLICY)
         print(f"long answer: {p['tokens']} tokens, {p['frames']} frames, {p['bytes'] / 1000:.0f} kB streamed "
               f"({p['bytes'] / max(1, p['tokens']):.0f} bytes per token), {p['wall']:.1f} s")
 

@@ -27,22 +27,23 @@ def main() -> None:
     import torch
     from tqdm import tqdm
 
-    import app
     from metasd.core.engine import run
     from metasd.core.lanes import lanes_for
     from metasd.core.runfile import run_document
     from metasd.ui import viz
+    from metasd.ui.bundles import get_bundle
+    from metasd.ui.config import EXAMPLES, PAGE_POLICY, TORCH_THREADS
 
-    torch.set_num_threads(app.TORCH_THREADS)
-    bundle = app.get_bundle("offline")
+    torch.set_num_threads(TORCH_THREADS)
+    bundle = get_bundle("offline")
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
-    settings = {"policy": app.PAGE_POLICY, "reward": "bd", "gamma": bundle.preset.gamma, "max_new_tokens": a.max_new_tokens,
+    settings = {"policy": PAGE_POLICY, "reward": "bd", "gamma": bundle.preset.gamma, "max_new_tokens": a.max_new_tokens,
                 "temperature": 0.0, "top_p": 1.0, "seed": 0, "full_info": False}
     if a.lanes_only:
         return add_lanes(bundle, out)
-    for ex in tqdm(app.EXAMPLES, desc="recording"):
-        rounds, summary = run(bundle, ex["turns"][0], policy=app.PAGE_POLICY, max_new_tokens=a.max_new_tokens)
+    for ex in tqdm(EXAMPLES, desc="recording"):
+        rounds, summary = run(bundle, ex["turns"][0], policy=PAGE_POLICY, max_new_tokens=a.max_new_tokens)
         lanes, _ = lanes_for(bundle, summary.prompt, rounds, summary.config)
         doc = run_document(ex["turns"][0], rounds, summary, preset="offline", target=bundle.preset.target,
                            drafters=bundle.default_drafters, colors=viz.drafter_colors(bundle.drafter_names),

@@ -29,8 +29,9 @@ def serve() -> str:
     with _lock:
         if "url" not in _server:
             import app
+            from metasd.ui.bundles import get_bundle
 
-            app.get_bundle("offline")
+            get_bundle("offline")
             demo = app.build_demo()
             port = free_port()
             app.launch(demo, host="127.0.0.1", port=port, prevent_thread_lock=True, quiet=True)

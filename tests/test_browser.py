@@ -94,7 +94,7 @@ def wait_idle(page, timeout_ms: int = 180_000) -> None:
 def test_page_streams_coloured_tokens_and_plots(page):
     from playwright.sync_api import expect
 
-    import app
+    from metasd.ui.bundles import get_bundle
 
     # Pick the first translation example from the list (each example is named by its task): it fills the prompt box.
     page.locator("#examples").get_by_text("Translation \u00b7 Translate into French", exact=False).first.click()
@@ -117,7 +117,7 @@ def test_page_streams_coloured_tokens_and_plots(page):
     expect(page.locator("#stop")).to_be_disabled(timeout=10_000)
 
     legend = page.locator("#tokens .tok-legend .chip[data-drafter]")
-    bundle = app.get_bundle("offline")
+    bundle = get_bundle("offline")
     names = [n for n in bundle.drafter_names if n in bundle.default_drafters]  # the request's arms, in colour order
     expect(legend).to_have_count(len(names))
     assert legend.evaluate_all("els => els.map(e => e.dataset.drafter)") == names

@@ -64,9 +64,10 @@ def server():
     """A server of its own that runs 3 generations at once (the page's default on a CPU is 1), so that
     requests really share the models; it closes at the end of the module."""
     import app
+    from metasd.ui.bundles import get_bundle
 
-    app.get_bundle("offline")
-    saved = app.GEN_CONCURRENCY
+    get_bundle("offline")
+    saved = app.GEN_CONCURRENCY  # read by app.launch (the queue's concurrency), so set on app
     app.GEN_CONCURRENCY = 3
     try:
         demo = app.build_demo()
@@ -95,15 +96,16 @@ def _solo(bundle, kw: dict) -> str:
 
 @pytest.mark.timeout(600)
 def test_concurrent_users_get_exactly_their_solo_output(server):
-    import app
+    from metasd.ui.bundles import get_bundle
+    from metasd.ui.session import STOPS
 
     peak = {"n": 0}
     watching = threading.Event()
 
     def watch():
         while not watching.is_set():
-            with app._stops_lock:
-                n = sum(len(v) for v in app._stops.values())
+            with STOPS.lock:
+                n = sum(len(v) for v in STOPS.runs.values())
             peak["n"] = max(peak["n"], n)
             time.sleep(0.02)
 
@@ -138,7 +140,7 @@ def test_concurrent_users_get_exactly_their_solo_output(server):
     watching.set()
     watcher.join(2)
 
-    bundle = app.get_bundle("offline")
+    bundle = get_bundle("offline")
     differing, served, kinds = [], 0, set()
     for r in results:
         for kw, text in r["valid"]:
@@ -155,7 +157,7 @@ def test_concurrent_users_get_exactly_their_solo_output(server):
     assert served == USERS * len(SETTINGS) and not differing
     assert len(kinds) == len(BAD) and peak["n"] >= 2
     # Still healthy: nothing left running, and a new user is served.
-    assert not app._stops
+    assert not STOPS.runs
     out = Client(server, verbose=False).predict(api_name="/generate", **_request(PROMPTS[0], SETTINGS[0]))
     assert "".join(parse(out[0]).out) == _solo(bundle, _request(PROMPTS[0], SETTINGS[0]))
 
@@ -164,9 +166,9 @@ def test_concurrent_users_get_exactly_their_solo_output(server):
 def test_shared_models_are_safe_from_several_threads():
     """The engine called from 6 threads at once on the one loaded bundle (no queue in between) gives
     each request the token ids it gets alone."""
-    import app
+    from metasd.ui.bundles import get_bundle
 
-    bundle = app.get_bundle("offline")
+    bundle = get_bundle("offline")
     jobs = [(PROMPTS[i], SETTINGS[i % 2]) for i in range(USERS)]
 
     def ids(job) -> tuple[int, ...]:
@@ -180,15 +182,15 @@ def test_shared_models_are_safe_from_several_threads():
     assert together == solo
 
 
-def _stops_of(app, session: str) -> int:
-    with app._stops_lock:
-        return len(app._stops.get(session, ()))
+def _stops_of(session: str) -> int:
+    from metasd.ui.session import STOPS
+
+    with STOPS.lock:
+        return len(STOPS.runs.get(session, ()))
 
 
 @pytest.mark.timeout(300)
 def test_cancel_and_closed_tab_end_the_worker(server):
-    import app
-
     # 1. The client cancels (what the Stop button's `cancels` does).
     client = Client(server, verbose=False)
     job = client.submit(api_name="/generate", **{**_request(PROMPTS[1], SETTINGS[0]), "max_new_tokens": 400})
@@ -196,13 +198,13 @@ def test_cancel_and_closed_tab_end_the_worker(server):
         if n >= 2:
             break
     session = client.session_hash
-    assert _stops_of(app, session) == 1
+    assert _stops_of(session) == 1
     t0 = time.perf_counter()
     job.cancel()
-    while _stops_of(app, session) and time.perf_counter() - t0 < 10:
+    while _stops_of(session) and time.perf_counter() - t0 < 10:
         time.sleep(0.01)
     cancel_s = time.perf_counter() - t0
-    assert not _stops_of(app, session), "the cancelled generation is still running"
+    assert not _stops_of(session), "the cancelled generation is still running"
 
     # 2. The tab closes: the page's event stream goes away mid-generation.
     demo_fns = client.view_api(print_info=False, return_format="dict")["named_endpoints"]["/generate"]
@@ -223,11 +225,11 @@ def test_cancel_and_closed_tab_end_the_worker(server):
                 if generating >= 2:
                     break
     t0 = time.perf_counter()  # the stream is closed here, as when the tab closes
-    while _stops_of(app, session) and time.perf_counter() - t0 < 20:
+    while _stops_of(session) and time.perf_counter() - t0 < 20:
         time.sleep(0.01)
     closed_s = time.perf_counter() - t0
     print(f"\n[stop] cancel -> worker ended: {1000 * cancel_s:.0f} ms; closed tab -> worker ended: {1000 * closed_s:.0f} ms")
-    assert not _stops_of(app, session), "the closed tab's generation is still running"
+    assert not _stops_of(session), "the closed tab's generation is still running"
     assert cancel_s < 3 and closed_s < 3
     out = client.predict(api_name="/generate", **_request(PROMPTS[3], SETTINGS[0]))
     assert parse(out[0]).out, "the app serves the next request"

@@ -26,22 +26,27 @@ from hypothesis import strategies as st
 from transformers import DynamicCache
 
 import metasd.core.engine as engine
-from metasd.core.validation import LIMITS, InvalidInput, parse_prompt_set, validate_settings
+from metasd.core.validation import LIMITS, PROMPT_SET_MAX_BYTES, InvalidInput, parse_prompt_set, validate_settings
 from metasd.ui import bundles as ui_bundles
 from metasd.ui import compare as ui_compare
 from metasd.ui import files as ui_files
 from metasd.ui import playground as ui_playground
+from metasd.ui.bundles import get_bundle
+from metasd.ui.compare import compare_prompt, compare_set
+from metasd.ui.config import COMPARE_MAX_NEW_TOKENS, MAX_NEW_TOKENS
+from metasd.ui.files import TMP, write_logs
+from metasd.ui.generate import generate_view, measure_baseline, stop_generation
+from metasd.ui.playground import run_playground
+from metasd.ui.session import STOPS
 
 PROMPT = "Summarize in one sentence: the bakery on Elm Street opens at seven and sells rye bread, croissants and tea."
 pytestmark = [pytest.mark.offline_model, pytest.mark.usefixtures("one_torch_thread")]
 
 
 @pytest.fixture(scope="module")
-def app():
-    import app as app_module
-
-    app_module.get_bundle("offline")
-    return app_module
+def page_offline():
+    """The page's offline preset, loaded once for the module (as the server loads it at start-up)."""
+    return get_bundle("offline")
 
 
 def request(session: str) -> SimpleNamespace:
@@ -129,12 +134,12 @@ TEXT = st.one_of(st.text(max_size=200), st.sampled_from(["", "   \n\t", "\x00\x1
        drafters=st.one_of(st.none(), st.just([]), st.lists(st.sampled_from(["prompt-lookup", "token-recycling", "x"]),
                                                             max_size=3)))
 @settings(max_examples=250, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-def test_generate_handler_refuses_clearly_or_runs_in_range(app, prompt, gamma, mnt, temperature, top_p, seed, policy,
-                                                           reward, drafters):
+def test_generate_handler_refuses_clearly_or_runs_in_range(page_offline, prompt, gamma, mnt, temperature, top_p, seed,
+                                                           policy, reward, drafters):
     with engine_stub() as seen:
         try:
-            consume(app.generate_view(prompt, "offline", drafters, policy, reward, gamma, mnt, temperature, top_p, seed,
-                                      request=request("hyp")))
+            consume(generate_view(prompt, "offline", drafters, policy, reward, gamma, mnt, temperature, top_p, seed,
+                                  request=request("hyp")))
         except gr.Error as e:
             assert _named(str(e.message)), e.message
             assert not seen
@@ -145,26 +150,26 @@ def test_generate_handler_refuses_clearly_or_runs_in_range(app, prompt, gamma, m
     assert text.strip() and len(text) <= 32_000
     text.encode("utf-8")
     assert all(ch in "\n\t" or unicodedata.category(ch) not in ("Cc", "Cf", "Cs", "Co") for ch in text)
-    assert 1 <= s.gamma <= 16 and 1 <= s.max_new_tokens <= app.MAX_NEW_TOKENS
+    assert 1 <= s.gamma <= 16 and 1 <= s.max_new_tokens <= MAX_NEW_TOKENS
     assert 0 <= s.temperature <= 2 and math.isfinite(s.temperature) and 0.01 <= s.top_p <= 1 and 0 <= s.seed < 2**32
-    assert len(ids) + s.max_new_tokens + s.gamma < app.get_bundle("offline").max_context
-    assert not app._stops
+    assert len(ids) + s.max_new_tokens + s.gamma < get_bundle("offline").max_context
+    assert not STOPS.runs
 
 
 @given(prompt=TEXT, mnt=NUMBER, policy=st.sampled_from(["metasd-ucb", "nope", "single:layer-skip", ""]))
 @settings(max_examples=120, deadline=None)
-def test_compare_handler_validates_before_running(app, prompt, mnt, policy):
+def test_compare_handler_validates_before_running(page_offline, prompt, mnt, policy):
     ran: list = []
     with mock.patch.object(ui_compare, "_method_runs", recorder(ran)):
         try:
-            app.compare_prompt(prompt, "offline", policy, mnt, progress=lambda *a, **k: None)
+            compare_prompt(prompt, "offline", policy, mnt, progress=lambda *a, **k: None)
         except gr.Error as e:
             assert _named(str(e.message)) and not ran, e.message
             return
         except Ran:
             pass
     ((bundle, text, methods, n, *_), _), = ran
-    assert text.strip() and 1 <= n <= app.COMPARE_MAX_NEW_TOKENS and policy in methods
+    assert text.strip() and 1 <= n <= COMPARE_MAX_NEW_TOKENS and policy in methods
 
 
 ROW = st.fixed_dictionaries({"drafter": st.one_of(st.text(max_size=20), st.none(), st.integers(), st.floats()),
@@ -175,14 +180,14 @@ ROW = st.fixed_dictionaries({"drafter": st.one_of(st.text(max_size=20), st.none(
                                                            max_size=4),
        gamma=NUMBER, rounds=NUMBER, reward=st.sampled_from(["bd", "be", "throughput", "x"]), spread=NUMBER, seed=NUMBER)
 @settings(max_examples=250, deadline=None)
-def test_playground_handler_bounds_the_simulation(app, rows, policies, gamma, rounds, reward, spread, seed):
+def test_playground_handler_bounds_the_simulation(page_offline, rows, policies, gamma, rounds, reward, spread, seed):
     import pandas as pd
 
     calls: list = []
     with mock.patch.object(ui_playground, "compare", recorder(calls)):
         try:
-            app.run_playground(pd.DataFrame(rows, columns=["drafter", "acceptance", "cost"]), policies, gamma, rounds,
-                               reward, False, spread, seed)
+            run_playground(pd.DataFrame(rows, columns=["drafter", "acceptance", "cost"]), policies, gamma, rounds,
+                           reward, False, spread, seed)
         except gr.Error as e:
             assert "Playground settings" in e.message and not calls, e.message
             return
@@ -199,13 +204,13 @@ def test_playground_handler_bounds_the_simulation(app, rows, policies, gamma, ro
                       max_size=6),
        raw=st.binary(max_size=40))
 @settings(max_examples=200, deadline=None)
-def test_uploaded_prompt_sets_are_checked(app, tmp_path_factory, lines, raw):
+def test_uploaded_prompt_sets_are_checked(page_offline, tmp_path_factory, lines, raw):
     path = tmp_path_factory.mktemp("up") / "set.jsonl"
     path.write_bytes("\n".join(lines).encode("utf-8", "surrogatepass") + raw)
     ran: list = []
     with mock.patch.object(ui_compare, "_method_runs", recorder(ran)):
         try:
-            list(app.compare_set("upload", str(path), 10, "offline", "metasd-ucb", 8, progress=lambda *a, **k: None))
+            list(compare_set("upload", str(path), 10, "offline", "metasd-ucb", 8, progress=lambda *a, **k: None))
         except gr.Error as e:
             msg = str(e.message)
             assert "prompt file" in msg and "Traceback" not in msg, msg
@@ -231,35 +236,35 @@ def test_prompt_file_messages_name_the_problem():
             parse_prompt_set(data)
 
 
-def test_oversized_upload_is_refused_before_reading(app, tmp_path):
+def test_oversized_upload_is_refused_before_reading(page_offline, tmp_path):
     path = tmp_path / "big.jsonl"
-    path.write_bytes(b"x" * (app.PROMPT_SET_MAX_BYTES + 1))
+    path.write_bytes(b"x" * (PROMPT_SET_MAX_BYTES + 1))
     with pytest.raises(gr.Error, match="limit is 1,000,000"):
-        list(app.compare_set("upload", str(path), 1, "offline", "metasd-ucb", 8, progress=lambda *a, **k: None))
+        list(compare_set("upload", str(path), 1, "offline", "metasd-ucb", 8, progress=lambda *a, **k: None))
     with pytest.raises(gr.Error, match="Upload a JSONL"):
-        list(app.compare_set("upload", None, 1, "offline", "metasd-ucb", 8, progress=lambda *a, **k: None))
+        list(compare_set("upload", None, 1, "offline", "metasd-ucb", 8, progress=lambda *a, **k: None))
     with pytest.raises(gr.Error, match="unknown prompt source"):
-        list(app.compare_set("/etc/passwd", None, 1, "offline", "metasd-ucb", 8, progress=lambda *a, **k: None))
+        list(compare_set("/etc/passwd", None, 1, "offline", "metasd-ucb", 8, progress=lambda *a, **k: None))
 
 
-def test_prompt_longer_than_the_context_is_refused_with_the_limit(app):
+def test_prompt_longer_than_the_context_is_refused_with_the_limit(page_offline):
     with pytest.raises(gr.Error, match=r"the model's context is 8,192"):
-        consume(app.generate_view("🧪\u20e0" * 9000, "offline", max_new_tokens=16))
-    assert not app._stops
+        consume(generate_view("🧪\u20e0" * 9000, "offline", max_new_tokens=16))
+    assert not STOPS.runs
 
 
-def test_library_limits_match_the_page(app):
+def test_library_limits_match_the_page(page_offline):
     # The app never asks the engine for more than its own cap, whatever the library allows.
     validate_settings(["a"], max_new_tokens=4096)
-    with pytest.raises(gr.Error, match=f"max_new_tokens must be between 1 and {app.MAX_NEW_TOKENS}, got"):
-        consume(app.generate_view(PROMPT, "offline", max_new_tokens=app.MAX_NEW_TOKENS + 1))
+    with pytest.raises(gr.Error, match=f"max_new_tokens must be between 1 and {MAX_NEW_TOKENS}, got"):
+        consume(generate_view(PROMPT, "offline", max_new_tokens=MAX_NEW_TOKENS + 1))
 
 
 # ----------------------------------------------------------------------------------------------
 # Stops
 
 
-def test_stop_ends_the_worker_within_a_round_and_frees_its_caches(app):
+def test_stop_ends_the_worker_within_a_round_and_frees_its_caches(page_offline):
     assert live_caches() == 0
     ticks: list[float] = []
     done = threading.Event()
@@ -267,7 +272,7 @@ def test_stop_ends_the_worker_within_a_round_and_frees_its_caches(app):
 
     def worker():
         try:
-            for _ in app.generate_view(PROMPT, "offline", max_new_tokens=400, request=request("stop-me")):
+            for _ in generate_view(PROMPT, "offline", max_new_tokens=400, request=request("stop-me")):
                 ticks.append(time.perf_counter())
         finally:
             ended.append(time.perf_counter())
@@ -280,11 +285,11 @@ def test_stop_ends_the_worker_within_a_round_and_frees_its_caches(app):
         time.sleep(0.01)
     assert len(ticks) >= 3, "the generation did not start"
     t_stop = time.perf_counter()
-    app.stop_generation(request("someone-else"))  # another session's Stop touches nothing
+    stop_generation(request("someone-else"))  # another session's Stop touches nothing
     time.sleep(0.3)
     assert not done.is_set()
     t_stop = time.perf_counter()
-    app.stop_generation(request("stop-me"))
+    stop_generation(request("stop-me"))
     assert done.wait(10), "the worker kept running after Stop"
     th.join(5)
     elapsed = ended[0] - t_stop
@@ -292,22 +297,22 @@ def test_stop_ends_the_worker_within_a_round_and_frees_its_caches(app):
     print(f"\n[stop] Stop -> worker ended: {elapsed * 1000:.0f} ms (one round took {1000 * max(rounds):.0f} ms at most, "
           f"{len(ticks)} updates before the end)")
     assert elapsed < 2.0
-    assert not app._stops and live_caches() == 0
+    assert not STOPS.runs and live_caches() == 0
 
 
-def test_closed_tab_unload_stops_the_sessions_runs(app):
+def test_closed_tab_unload_stops_the_sessions_runs(page_offline):
     """demo.unload calls stop_generation with the closed session: every run of that session ends."""
-    gens = [app.generate_view(PROMPT, "offline", max_new_tokens=400, request=request("tab")) for _ in range(2)]
+    gens = [generate_view(PROMPT, "offline", max_new_tokens=400, request=request("tab")) for _ in range(2)]
     for g in gens:
         next(g)
-    assert len(app._stops["tab"]) == 2
+    assert len(STOPS.runs["tab"]) == 2
     t0 = time.perf_counter()
-    app.stop_generation(request("tab"))
+    stop_generation(request("tab"))
     for g in gens:
         rest = consume(g)
         assert len(rest) <= 2  # at most the round in flight, then the summary
     print(f"\n[unload] both runs of the closed session ended {1000 * (time.perf_counter() - t0):.0f} ms after unload")
-    assert not app._stops and live_caches() == 0
+    assert not STOPS.runs and live_caches() == 0
 
 
 # ----------------------------------------------------------------------------------------------
@@ -320,8 +325,8 @@ def _final_text(outputs) -> str:
 
 @pytest.mark.parametrize("fault", [torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 20.00 GiB"),
                                    RuntimeError("device-side assert triggered")])
-def test_a_fault_mid_generation_is_reported_and_the_next_request_is_clean(app, fault):
-    reference = _final_text(consume(app.generate_view(PROMPT, "offline", max_new_tokens=12)))
+def test_a_fault_mid_generation_is_reported_and_the_next_request_is_clean(page_offline, fault):
+    reference = _final_text(consume(generate_view(PROMPT, "offline", max_new_tokens=12)))
     real_verify = engine.verify
     calls = {"n": 0}
 
@@ -333,7 +338,7 @@ def test_a_fault_mid_generation_is_reported_and_the_next_request_is_clean(app, f
 
     seen = []
     with mock.patch.object(engine, "verify", failing), pytest.raises(gr.Error) as err:
-        for out in app.generate_view(PROMPT, "offline", max_new_tokens=12, request=request("faulty")):
+        for out in generate_view(PROMPT, "offline", max_new_tokens=12, request=request("faulty")):
             seen.append(out)
     # the user saw the rounds before the fault (frames may batch rounds: the last one holds both)
     assert len(seen) >= 2 and "round 2," in seen[-1].tokens and "round 3," not in seen[-1].tokens
@@ -343,21 +348,21 @@ def test_a_fault_mid_generation_is_reported_and_the_next_request_is_clean(app, f
     else:
         assert "Generation failed (RuntimeError)" in msg
     assert "Traceback" not in msg and "20.00 GiB" not in msg and "device-side" not in msg
-    assert not app._stops and live_caches() == 0
+    assert not STOPS.runs and live_caches() == 0
     # The shared model is untouched: the next request gives the same output as before the fault.
-    assert _final_text(consume(app.generate_view(PROMPT, "offline", max_new_tokens=12))) == reference
+    assert _final_text(consume(generate_view(PROMPT, "offline", max_new_tokens=12))) == reference
 
 
-def test_a_fault_in_the_baseline_measurement_is_a_message(app):
-    outs = consume(app.generate_view(PROMPT, "offline", max_new_tokens=4))
+def test_a_fault_in_the_baseline_measurement_is_a_message(page_offline):
+    outs = consume(generate_view(PROMPT, "offline", max_new_tokens=4))
     record = outs[-1].record
 
     def boom(*a, **k):
         raise torch.OutOfMemoryError("CUDA out of memory")
 
     with mock.patch.object(ui_bundles, "target_greedy", boom), pytest.raises(gr.Error, match="Out of memory"):
-        app.measure_baseline(record, {}, True, True)
-    stats, baselines = app.measure_baseline(record, {}, True, True)
+        measure_baseline(record, {}, True, True)
+    stats, baselines = measure_baseline(record, {}, True, True)
     assert len(baselines) == 1 and "identical" in next(iter(baselines.values()))["note"]
 
 
@@ -365,14 +370,15 @@ def test_a_fault_in_the_baseline_measurement_is_a_message(app):
 # Memory over many runs
 
 
-def test_memory_is_bounded_over_many_runs(app):
-    n_warm, n_total = 20, int(os.environ.get("METASD_MEMORY_RUNS", "150"))
+def test_memory_is_bounded_over_many_runs(page_offline):
+    # 60 measured runs after 20 to warm up (METASD_MEMORY_RUNS for a longer soak): a leak of 1 MB a run shows.
+    n_warm, n_total = 20, int(os.environ.get("METASD_MEMORY_RUNS", "80"))
     prompts = [f"Say hello to student number {i} in one short sentence." for i in range(7)]
 
     def one(i: int) -> None:
-        outs = consume(app.generate_view(prompts[i % len(prompts)], "offline", max_new_tokens=4,
-                                         request=request(f"mem-{i % 5}")))
-        app.write_logs(outs[-1].record)  # the download files too: the temp dir must stay bounded
+        outs = consume(generate_view(prompts[i % len(prompts)], "offline", max_new_tokens=4,
+                                     request=request(f"mem-{i % 5}")))
+        write_logs(outs[-1].record)  # the download files too: the temp dir must stay bounded
 
     t0 = time.perf_counter()
     for i in range(n_warm):
@@ -383,9 +389,9 @@ def test_memory_is_bounded_over_many_runs(app):
             one(i)
     after = settle()
     secs = time.perf_counter() - t0
-    files = len(list(app.TMP.iterdir()))
+    files = len(list(TMP.iterdir()))
     print(f"\n[memory] RSS after {n_warm} runs: {before:.1f} MB; after {n_total} runs: {after:.1f} MB "
           f"(+{after - before:.1f} MB); {files} temp files; {secs:.0f} s")
     assert after - before < 40, "memory grows with the number of requests"
-    assert live_caches() == 0 and not app._stops
+    assert live_caches() == 0 and not STOPS.runs
     assert files <= 42

@@ -66,44 +66,53 @@ def test_bad_run_files_get_one_clear_message(tiny_run, mutate, message):
 
 
 def test_every_example_has_a_recorded_run_in_the_gallery():
-    import app
+    import gradio as gr
 
-    names = {n for _, n in app.gallery()}
-    assert {e["question_id"] for e in app.EXAMPLES} <= names
+    from metasd.ui.config import EXAMPLES
+    from metasd.ui.replay import gallery, open_link
+
+    names = {n for _, n in gallery()}
+    assert {e["question_id"] for e in EXAMPLES} <= names
     for name in names:
         r = parse_run((ROOT / "assets" / "runs" / f"{name}.json").read_bytes())
         assert r.preset == "offline" and r.summary is not None and r.rounds
         assert r.summary.text == "".join("".join(ev.emitted_text) for ev in r.rounds)
     # a link opens the Replay tab on a recorded run; anything else is ignored
-    tabs, pick = app.open_link(SimpleNamespace(query_params={"run": sorted(names)[0]}))
+    tabs, pick = open_link(SimpleNamespace(query_params={"run": sorted(names)[0]}))
     assert tabs.selected == "replay" and pick["value"] == sorted(names)[0]
-    assert app.open_link(SimpleNamespace(query_params={"run": "../../etc/passwd"})) == (app.gr.skip(), app.gr.skip())
+    assert open_link(SimpleNamespace(query_params={"run": "../../etc/passwd"})) == (gr.skip(), gr.skip())
 
 
 @pytest.mark.offline_model
 @pytest.mark.timeout(300)
 def test_replay_ends_on_exactly_the_live_token_view(tmp_path):
-    import app
+    import gradio as gr
 
-    app.get_bundle("offline")
-    prompt = app.EXAMPLES[8]["turns"][0]
-    live = list(app.generate_view(prompt, "offline", None, app.PAGE_POLICY, max_new_tokens=48))
+    from metasd.ui.bundles import get_bundle
+    from metasd.ui.config import EXAMPLES, PAGE_POLICY
+    from metasd.ui.files import write_logs
+    from metasd.ui.generate import generate_view
+    from metasd.ui.replay import gallery, replay_at, replay_view
+
+    get_bundle("offline")
+    prompt = EXAMPLES[8]["turns"][0]
+    live = list(generate_view(prompt, "offline", None, PAGE_POLICY, max_new_tokens=48))
     record = live[-1].record
-    _, js = app.write_logs(record)
-    replayed = list(app.replay_view(js["value"], "", 64.0))
+    _, js = write_logs(record)
+    replayed = list(replay_view(js["value"], "", 64.0))
     assert replayed[-1].tokens == live[-1].tokens, "the replay's final token view differs from the live one"
     assert replayed[-1].text == live[-1].text  # the plain-text answer too
     # the round slider: every round's state, and the last one is the end state
     n = len(record.rounds)
-    assert app.replay_at(js["value"], "", n).tokens == live[-1].tokens
-    middle = app.replay_at(js["value"], "", n // 2).tokens
+    assert replay_at(js["value"], "", n).tokens == live[-1].tokens
+    middle = replay_at(js["value"], "", n // 2).tokens
     assert middle.count('class="tok ') < live[-1].tokens.count('class="tok ')
-    with pytest.raises(app.gr.Error, match="round"):
-        app.replay_at(js["value"], "", n + 1)
+    with pytest.raises(gr.Error, match="round"):
+        replay_at(js["value"], "", n + 1)
     # a gallery run by name; an unknown name is refused
-    assert "done:" in list(app.replay_view(None, app.gallery()[0][1], 64.0))[-1].tokens
-    with pytest.raises(app.gr.Error, match="no recorded run"):
-        list(app.replay_view(None, "../app.py", 2.0))
+    assert "done:" in list(replay_view(None, gallery()[0][1], 64.0))[-1].tokens
+    with pytest.raises(gr.Error, match="no recorded run"):
+        list(replay_view(None, "../app.py", 2.0))
 
 
 @pytest.mark.offline_model

@@ -26,16 +26,16 @@ def get_file(base: str, path: str) -> httpx.Response:
 @pytest.mark.offline_model
 @pytest.mark.timeout(180)
 def test_files_are_served_only_from_the_apps_temp_dir(app_url):  # noqa: F811
-    import app
     from metasd.models.loading import offline_target_dir
+    from metasd.ui.files import TMP
 
-    own = app.TMP / "metasd-run-0123456789abcdef0123456789abcdef.csv"
+    own = TMP / "metasd-run-0123456789abcdef0123456789abcdef.csv"
     own.write_text("round,drafter\n1,prompt-lookup\n")
     assert get_file(app_url, str(own)).status_code == 200, "the app's own run logs are downloadable"
 
     model_file = offline_target_dir(progress=lambda m: None) / "model.safetensors"
     refused = ["/etc/passwd", "/etc/shadow", "/proc/self/environ", str(ROOT / "app.py"), str(ROOT / "metasd" / "models.py"),
-               str(model_file), f"{app.TMP}/../../etc/passwd", f"{app.TMP}/%2e%2e/%2e%2e/etc/passwd",
+               str(model_file), f"{TMP}/../../etc/passwd", f"{TMP}/%2e%2e/%2e%2e/etc/passwd",
                quote("/etc/passwd", safe=""), "../../../../etc/passwd", "app.py", "~/.bashrc", "file:///etc/passwd",
                "http://127.0.0.1:1/secret", "http://169.254.169.254/latest/meta-data/"]
     for path in refused:
@@ -64,11 +64,11 @@ def test_an_api_call_cannot_name_a_server_file_as_its_upload(app_url):  # noqa: 
 def test_uploads_are_size_limited(app_url, tmp_path):  # noqa: F811
     from gradio_client import Client, handle_file
 
-    import app
+    from metasd.core.validation import PROMPT_SET_MAX_BYTES
 
     big = tmp_path / "big.jsonl"
     line = json.dumps({"question_id": 1, "category": "qa", "turns": ["x" * 1000]}) + "\n"
-    big.write_text(line * (app.PROMPT_SET_MAX_BYTES // len(line) + 10))
+    big.write_text(line * (PROMPT_SET_MAX_BYTES // len(line) + 10))
     client = Client(app_url, verbose=False)
     with pytest.raises(Exception) as err:
         client.predict("upload", handle_file(str(big)), 1, "offline", "metasd-ucb", 8, api_name="/compare_set")
@@ -127,6 +127,9 @@ def test_launch_binds_locally_without_a_share_link_and_bounds_the_queue(monkeypa
     import gradio as gr
 
     import app
+    from metasd.core.validation import PROMPT_SET_MAX_BYTES, RUN_MAX_BYTES, UPLOAD_MAX_BYTES
+    from metasd.ui.config import QUEUE_SIZE
+    from metasd.ui.files import TMP
 
     for var in ("GRADIO_SERVER_NAME", "GRADIO_SERVER_PORT", "PORT", "SPACE_ID"):
         monkeypatch.delenv(var, raising=False)
@@ -135,34 +138,35 @@ def test_launch_binds_locally_without_a_share_link_and_bounds_the_queue(monkeypa
         app.launch(demo)
     kw = launch.call_args.kwargs
     assert kw["server_name"] == "127.0.0.1" and kw["share"] is False
-    assert kw["allowed_paths"] == [str(app.TMP)]
+    assert kw["allowed_paths"] == [str(TMP)]
     assert str(ROOT) in kw["blocked_paths"]
     # gradio's upload cap is the run-file cap (the largest upload any tab takes), never below it
-    assert kw["max_file_size"] == app.UPLOAD_MAX_BYTES == max(app.RUN_MAX_BYTES, app.PROMPT_SET_MAX_BYTES)
-    assert demo._queue.max_size == app.QUEUE_SIZE
+    assert kw["max_file_size"] == UPLOAD_MAX_BYTES == max(RUN_MAX_BYTES, PROMPT_SET_MAX_BYTES)
+    assert demo._queue.max_size == QUEUE_SIZE
     with mock.patch.object(gr.Blocks, "launch") as launch:
         app.launch(demo, share=True)  # only when asked
     assert launch.call_args.kwargs["share"] is True
 
 
 def test_temp_files_are_private_and_unguessable():
-    import app
+    from metasd.ui.files import TMP, write_logs
+    from metasd.ui.session import RunRecord
 
-    assert stat.S_IMODE(os.stat(app.TMP).st_mode) == 0o700
+    assert stat.S_IMODE(os.stat(TMP).st_mode) == 0o700
     from metasd.core.events import RoundEvent
 
     ev = RoundEvent(round=1, drafter="prompt-lookup", draft=(1,), accepted=1, emitted=(1, 2), target_token=2, bonus=True,
                     p_draft=(0.9,), q_draft=(1.0,), accept_prob=(0.9,), reward=0.9, rewards={"prompt-lookup": 0.9},
                     probabilities={"prompt-lookup": 1.0}, regret=0.0, regret_measured=False, draft_ms=1.0, verify_ms=1.0,
                     overhead_ms=0.1, new_tokens=2, emitted_text=("a", "b"), draft_text=("a",))
-    record = app.RunRecord(prompt="my private prompt", rounds=[ev], summary=None, preset="offline",
-                           settings={"policy": "single:../../etc"})
-    csv, js = app.write_logs(record)
+    record = RunRecord(prompt="my private prompt", rounds=[ev], summary=None, preset="offline",
+                       settings={"policy": "single:../../etc"})
+    csv, js = write_logs(record)
     folders = set()
     for upd in (csv, js):
         path = Path(upd["value"])
         # named by content (preset, policy, time), inside a private folder whose name nobody can guess
-        assert path.parent.parent == app.TMP and re.fullmatch(r"[0-9a-f]{32}", path.parent.name)
+        assert path.parent.parent == TMP and re.fullmatch(r"[0-9a-f]{32}", path.parent.name)
         assert stat.S_IMODE(os.stat(path.parent).st_mode) == 0o700
         assert re.fullmatch(r"metasd-offline-single-etc-\d{8}-\d{6}\.(csv|json)", path.name), path.name
         folders.add(path.parent)
@@ -172,11 +176,11 @@ def test_temp_files_are_private_and_unguessable():
 
 
 def test_input_limits_protect_the_host():
-    import app
     from metasd.core.validation import LIMITS, MAX_PROMPT_CHARS
+    from metasd.ui.config import COMPARE_MAX_NEW_TOKENS, COMPARE_MAX_PROMPTS, MAX_NEW_TOKENS, QUEUE_SIZE
 
-    assert app.MAX_NEW_TOKENS <= LIMITS["max_new_tokens"][1] and app.COMPARE_MAX_NEW_TOKENS <= app.MAX_NEW_TOKENS
-    assert MAX_PROMPT_CHARS <= 32_000 and app.QUEUE_SIZE <= 64 and app.COMPARE_MAX_PROMPTS <= 40
+    assert MAX_NEW_TOKENS <= LIMITS["max_new_tokens"][1] and COMPARE_MAX_NEW_TOKENS <= MAX_NEW_TOKENS
+    assert MAX_PROMPT_CHARS <= 32_000 and QUEUE_SIZE <= 64 and COMPARE_MAX_PROMPTS <= 40
     assert LIMITS["rounds"][1] * LIMITS["gamma"][1] * 8 <= 3_000_000  # the playground's arrays stay small
     from metasd.core.runfile import MAX_BYTES
     from metasd.core.validation import COMPARE_MAX_WORK, PLAYGROUND_MAX_WORK, RUN_MAX_BYTES, UPLOAD_MAX_BYTES

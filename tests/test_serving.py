@@ -21,6 +21,10 @@ from metasd.models.cpu_linear import pack_linears
 from metasd.ui import generate as ui_generate
 from metasd.ui import playground as ui_playground
 from metasd.ui import session as ui_session
+from metasd.ui.bundles import MODEL, get_bundle
+from metasd.ui.config import EXAMPLES, PAGE_POLICY
+from metasd.ui.generate import generate_view, measure_baseline, stop_generation
+from metasd.ui.session import STOPS
 from tests.tiny import tiny_bundle
 
 PROMPT = "Say hello to the class in one short sentence."
@@ -91,11 +95,9 @@ def test_session_reader_gives_up_after_unread_messages():
 
 
 @pytest.fixture(scope="module")
-def app():
-    import app as app_module
-
-    app_module.get_bundle("offline")
-    return app_module
+def page_offline():
+    """The page's offline preset, loaded once for the module (as the server loads it at start-up)."""
+    return get_bundle("offline")
 
 
 def req(session: str) -> SimpleNamespace:
@@ -107,70 +109,70 @@ def status_of(frame: tuple) -> str:
 
 
 @pytest.fixture
-def model_busy(app):
+def model_busy(page_offline):
     """The model held by someone else for the test's length: Generate runs wait in line."""
-    app.MODEL.acquire()
+    MODEL.acquire()
     try:
-        yield app.MODEL
+        yield MODEL
     finally:
-        app.MODEL.release()
+        MODEL.release()
 
 
-def test_waiting_run_sees_its_place_and_stop_takes_it_out(app, model_busy):
-    g = app.generate_view(PROMPT, "offline", max_new_tokens=8, request=req("queued"))
+def test_waiting_run_sees_its_place_and_stop_takes_it_out(page_offline, model_busy):
+    g = generate_view(PROMPT, "offline", max_new_tokens=8, request=req("queued"))
     t0 = time.perf_counter()
     first = next(g)
     assert time.perf_counter() - t0 < 2.0
     assert "1st in line, about" in status_of(first) and first.record is None
     assert model_busy.waiting == 1
-    app.stop_generation(req("queued"))
+    stop_generation(req("queued"))
     t0 = time.perf_counter()
     rest = list(g)
     assert time.perf_counter() - t0 < 1.0, "Stop while waiting must end the run at once"
     assert "left the line before starting: you pressed Stop" in status_of(rest[-1])
-    assert model_busy.waiting == 0 and not app._stops
+    assert model_busy.waiting == 0 and not STOPS.runs
 
 
-def test_full_class_is_told_when_to_come_back(app, model_busy):
-    waiting = app.generate_view(PROMPT, "offline", max_new_tokens=8, request=req("w1"))
+def test_full_class_is_told_when_to_come_back(page_offline, model_busy):
+    waiting = generate_view(PROMPT, "offline", max_new_tokens=8, request=req("w1"))
     next(waiting)
     with mock.patch.object(model_busy, "max_waiting", 1):
-        frames = list(app.generate_view(PROMPT, "offline", max_new_tokens=8, request=req("w2")))
+        frames = list(generate_view(PROMPT, "offline", max_new_tokens=8, request=req("w2")))
     assert len(frames) == 1
     text = status_of(frames[0])
     assert "the class is full" in text and "Please press Run again in about" in text
     assert "Queue is full" not in text
     waiting.close()  # the page went away: the ticket leaves the line
-    assert model_busy.waiting == 0 and not app._stops
+    assert model_busy.waiting == 0 and not STOPS.runs
 
 
-def test_a_new_run_replaces_the_sessions_previous_one(app, model_busy):
-    old = app.generate_view(PROMPT, "offline", max_new_tokens=8, request=req("same"))
+def test_a_new_run_replaces_the_sessions_previous_one(page_offline, model_busy):
+    old = generate_view(PROMPT, "offline", max_new_tokens=8, request=req("same"))
     next(old)
-    new = app.generate_view(PROMPT, "offline", max_new_tokens=8, request=req("same"))
+    new = generate_view(PROMPT, "offline", max_new_tokens=8, request=req("same"))
     assert "in line" in status_of(next(new))
     rest = list(old)  # the old run was stopped by the new Run
     assert "you pressed Stop" in status_of(rest[-1])
     assert model_busy.waiting == 1
     new.close()
-    assert model_busy.waiting == 0 and not app._stops
+    assert model_busy.waiting == 0 and not STOPS.runs
 
 
-def test_an_unread_stream_loses_its_place(app, model_busy):
+def test_an_unread_stream_loses_its_place(page_offline, model_busy):
     with mock.patch.object(ui_session, "_unread", lambda key: 5 if key == "gone" else None), \
             mock.patch.object(ui_session, "READ_PATIENCE_S", 0.5):
         t0 = time.perf_counter()
-        frames = list(app.generate_view(PROMPT, "offline", max_new_tokens=8, request=req("gone")))
+        frames = list(generate_view(PROMPT, "offline", max_new_tokens=8, request=req("gone")))
     assert time.perf_counter() - t0 < 3.0
     assert "its stream was not read" in status_of(frames[-1]) and model_busy.waiting == 0
 
 
-def test_runs_are_served_in_order_once_the_model_is_free(app):
+def test_runs_are_served_in_order_once_the_model_is_free(page_offline):
     """Two sessions: the second waits (its place shown) and is served after the first, both in full."""
     outs: dict[str, list] = {}
 
     def run(name: str) -> None:
-        outs[name] = list(app.generate_view(PROMPT, "offline", max_new_tokens=6, request=req(name)))
+        outs[name] = list(generate_view(PROMPT, "offline", max_new_tokens=6, request=req(name)))
 
     a = threading.Thread(target=run, args=("first",))
     a.start()
@@ -179,18 +181,18 @@ def test_runs_are_served_in_order_once_the_model_is_free(app):
     a.join(60)
     for name in ("first", "second"):
         assert outs[name][-1].record is not None and outs[name][-1].record.summary is not None
-    assert app.MODEL.waiting == 0 and app.MODEL.running == 0
+    assert MODEL.waiting == 0 and MODEL.running == 0
 
 
-def test_baseline_waits_for_nobody_while_others_are_in_line(app, model_busy):
-    g = app.generate_view(PROMPT, "offline", max_new_tokens=8, request=req("someone"))
+def test_baseline_waits_for_nobody_while_others_are_in_line(page_offline, model_busy):
+    g = generate_view(PROMPT, "offline", max_new_tokens=8, request=req("someone"))
     next(g)
     record = ui_session.RunRecord(preset="offline", prompt="A prompt never timed.", settings={"temperature": 0.0},
                                   all_drafters=["x"], drafters=["x"])
     record.rounds = [SimpleNamespace(new_tokens=4, emitted=[1], emitted_text=["a"])]
     with mock.patch.object(ui_generate, "measure_target", side_effect=AssertionError("timed while others wait")), \
             mock.patch.object(ui_generate, "_record_view", lambda r: ui_generate.viz.LiveView({}, [])):
-        stats, baselines = app.measure_baseline(record, {}, True, False)
+        stats, baselines = measure_baseline(record, {}, True, False)
     assert "not timed now" in stats and baselines == {}
     g.close()
 
@@ -199,7 +201,9 @@ def test_baseline_waits_for_nobody_while_others_are_in_line(app, model_busy):
 # Page loads
 
 
-def test_page_load_queues_no_model_work(app):
+def test_page_load_queues_no_model_work(page_offline):
+    import app
+
     demo = app.build_demo()
     loads = [d for d in demo.config["dependencies"] if any(t[1] == "load" for t in d["targets"])]
     assert loads, "the page has load events"
@@ -207,7 +211,7 @@ def test_page_load_queues_no_model_work(app):
         assert d["queue"] is False, f"a page load queues {demo.fns[d['id']].name}"
     names = {demo.fns[d["id"]].name for d in loads}
     assert "run_playground" not in names and "measure_baseline" not in names
-    with mock.patch.object(app.MODEL, "acquire", side_effect=AssertionError("page load took the model")):
+    with mock.patch.object(MODEL, "acquire", side_effect=AssertionError("page load took the model")):
         first = ui_playground.playground_default()
     assert ui_playground.playground_default() is first  # computed once per server, not once per page
 
@@ -261,8 +265,8 @@ def test_unpacked_rows_are_not_invariant_so_passes_are_not_shared():
     assert together == solo and not rounds.share and rounds.most == 1
 
 
-def test_verify_together_is_bitwise_the_solo_pass_on_the_offline_model(app):
-    target = app.get_bundle("offline").target
+def test_verify_together_is_bitwise_the_solo_pass_on_the_offline_model(page_offline):
+    target = get_bundle("offline").target
     assert row_invariant(target)
     g = torch.Generator().manual_seed(0)
     vocab = target.config.vocab_size
@@ -284,31 +288,31 @@ def test_verify_together_is_bitwise_the_solo_pass_on_the_offline_model(app):
         assert torch.equal(a, b)
 
 
-def test_batched_rounds_give_each_request_its_solo_output_offline(app):
-    bundle = app.get_bundle("offline")
-    prompts = [e["turns"][0] for e in app.EXAMPLES[:3]]
+def test_batched_rounds_give_each_request_its_solo_output_offline(page_offline):
+    bundle = get_bundle("offline")
+    prompts = [e["turns"][0] for e in EXAMPLES[:3]]
 
     def kw(i: int) -> dict:
-        return {"max_new_tokens": 16, "temperature": 0.0, "policy": app.PAGE_POLICY}
+        return {"max_new_tokens": 16, "temperature": 0.0, "policy": PAGE_POLICY}
 
     solo = [_emitted(generate(bundle, p, **kw(i))) for i, p in enumerate(prompts)]
     together, rounds = _together(bundle, prompts, kw, max_batch=3)
     assert together == solo and rounds.most >= 2
 
 
-def test_page_runs_share_rounds_and_get_their_solo_answers(app):
+def test_page_runs_share_rounds_and_get_their_solo_answers(page_offline):
     """The serving path with shared rounds on: two sessions' runs at once, each its solo answer."""
-    bundle = app.get_bundle("offline")
-    prompts = [e["turns"][0] for e in app.EXAMPLES[4:6]]
-    solo = [_emitted(generate(bundle, p, max_new_tokens=12, policy=app.PAGE_POLICY)) for p in prompts]
-    slots = app.MODEL.slots
+    bundle = get_bundle("offline")
+    prompts = [e["turns"][0] for e in EXAMPLES[4:6]]
+    solo = [_emitted(generate(bundle, p, max_new_tokens=12, policy=PAGE_POLICY)) for p in prompts]
+    slots = MODEL.slots
     line = ui_generate.start_rounds(bundle)
     try:
         assert "shared rounds: up to" in line and ui_generate.ROUNDS is not None
         outs: dict[int, list] = {}
 
         def run(i: int) -> None:
-            outs[i] = list(app.generate_view(prompts[i], "offline", max_new_tokens=12, request=req(f"class-{i}")))
+            outs[i] = list(generate_view(prompts[i], "offline", max_new_tokens=12, request=req(f"class-{i}")))
 
         threads = [threading.Thread(target=run, args=(i,)) for i in range(2)]
         for t in threads:
@@ -318,9 +322,9 @@ def test_page_runs_share_rounds_and_get_their_solo_answers(app):
         for i in range(2):
             record = outs[i][-1].record
             assert [t for ev in record.rounds for t in ev.emitted] == solo[i]
-        if app.MODEL.slots >= 2:
+        if MODEL.slots >= 2:
             assert ui_generate.ROUNDS.most >= 2, "the runs never shared a pass"
     finally:
         ui_generate.ROUNDS = None
-        app.MODEL.resize(slots)
-    assert app.MODEL.running == 0 and app.MODEL.waiting == 0 and not app._stops
+        MODEL.resize(slots)
+    assert MODEL.running == 0 and MODEL.waiting == 0 and not STOPS.runs

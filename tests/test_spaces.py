@@ -188,7 +188,7 @@ def test_gpu_duration_never_raises(bad):
 
 def _view(prompt, preset="offline", drafters=None, policy="metasd-ucb", reward="bd", gamma=4, max_new_tokens=128,
           temperature=0.0, top_p=1.0, seed=0, full_info=False, baselines=None, request=None):
-    """A stand-in with the signature of app.generate_view."""
+    """A stand-in with the signature of metasd.ui.generate.generate_view."""
 
 
 def test_duration_of_reads_the_calls_own_arguments():

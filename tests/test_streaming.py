@@ -281,21 +281,22 @@ def test_in_fresh_thread_returns_raises_and_keeps_the_callers_threads():
     assert not [t for t in threading.enumerate() if t.name in ("w", "metasd-model")]  # each ended with its call
 
 
-def test_with_threads_runs_the_prefill_and_the_rounds_on_their_own_thread_counts(bundle):
-    """The page's worker and Compare's runs: the prompt's pass and the first round on the prefill's threads,
-    every later round on the rounds' threads; the events themselves pass through unchanged."""
+def test_collect_runs_the_prefill_and_the_rounds_on_their_own_thread_counts(bundle):
+    """Compare's runs drain the page's one stream driver: the prompt's pass and the first round on the prefill's
+    threads, every later round on the rounds' threads, in the stream's worker; the events pass unchanged."""
     import torch
 
-    from metasd.core.engine import collect
-    from metasd.core.streaming import in_fresh_thread, with_threads
-
-    seen: list[int] = []
-    hook = bundle.target.register_forward_pre_hook(lambda *_: seen.append(torch.get_num_threads()))
+    seen: list[tuple[str, int]] = []
+    hook = bundle.target.register_forward_pre_hook(
+        lambda *_: seen.append((threading.current_thread().name, torch.get_num_threads())))
+    stop = threading.Event()
     try:
-        events = generate(bundle, PROMPT, chat_template=False, max_new_tokens=12, policy="round-robin")
-        rounds, summary = in_fresh_thread(lambda: collect(with_threads(events, 2, 1)))
+        events = generate(bundle, PROMPT, chat_template=False, max_new_tokens=12, policy="round-robin", stop=stop)
+        rounds, summary = EngineStream(events, stop, prefill_threads=2, torch_threads=1).collect()
     finally:
         hook.remove()
     ref_rounds, ref = run(bundle, PROMPT, chat_template=False, max_new_tokens=12, policy="round-robin")
     assert summary.token_ids == ref.token_ids and [r.drafter for r in rounds] == [r.drafter for r in ref_rounds]
-    assert seen[0] == 2 and seen[-1] == 1 and seen == sorted(seen, reverse=True)
+    assert {name for name, _ in seen} == {"metasd-engine"}
+    threads = [n for _, n in seen]
+    assert threads[0] == 2 and threads[-1] == 1 and threads == sorted(threads, reverse=True)

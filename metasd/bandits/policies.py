@@ -180,7 +180,7 @@ class CostAwareUCB(MetaSDUCB):
     # Less optimism than MetaSD-UCB's 0.25: the horizon is one request (50-100 rounds), so a pull of
     # a costly drafter must pay back within it. An arm at alpha 0.2 whose break-even is 0.3 (a
     # distilled drafter on this CPU) stays optimistic for ~2 ln t (beta / 0.1)^2 pulls: ~55 with
-    # 0.25, ~9 with 0.1, ~2 with 0.05. Chosen on the Spec-Bench runs (README, Benchmarks).
+    # 0.25, ~9 with 0.1, ~2 with 0.05. Chosen on the Spec-Bench runs (docs/BENCHMARKS.md).
     default_beta = 0.05
 
     def __init__(self, k: int, seed: int = 0, beta: float | None = None, plan: Plan | None = None) -> None:

@@ -492,8 +492,8 @@ def add_bench_args(sub: argparse._SubParsersAction) -> None:
     b.add_argument("--categories", default=None, help="comma-separated categories (default: all in the file)")
     b.add_argument("--per-category", type=int, default=3, help="first N prompts of each category (0: all; default 3)")
     b.add_argument("--max-new-tokens", type=int, default=128)
-    b.add_argument("--methods", default=None, help=method_help() + "; default: baseline, hf-pld, every single:<drafter>, "
-                   "metasd-ucb, oracle")
+    b.add_argument("--methods", default=None, help=method_help() + "; default: "
+                   + ", ".join(default_methods(["<drafter>"])).replace("single:<drafter>", "every single:<drafter>"))
     b.add_argument("--out", required=True, help="output folder (results.csv, summary.md, report.html, ...)")
     b.add_argument("--preset", default=DEFAULT_PRESET, help=f"one of {', '.join(PRESETS)}")
     b.add_argument("--device", default=None, help="override the preset's device (cpu, cuda, ...)")

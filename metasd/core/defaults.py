@@ -1,9 +1,9 @@
 """One set of request defaults for the page, its web API (/generate) and the CLI.
 
-A request that leaves a setting out gets the value here, wherever it comes from; `describe()` is the
-line that `python -m metasd generate --help` and /generate's API description show. The library's own
-`generate()` keeps `Settings`' defaults (metasd/core/validation.py) so that scripts written against it
-do not change behaviour.
+A request that leaves a setting out gets the value here, wherever it comes from: the page, /generate,
+the CLI and the library's own `generate()` / `run()` (whose `Settings`, metasd/core/validation.py, take
+their defaults from here); `describe()` is the line that `python -m metasd generate --help` and
+/generate's API description show.
 """
 
 from __future__ import annotations

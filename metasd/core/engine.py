@@ -13,7 +13,7 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable, Generator, Iterator
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import dataclass, field, fields
 from typing import Any
 
 import torch
@@ -21,10 +21,11 @@ from transformers import DynamicCache
 
 from metasd.bandits.policies import Choice, make_policy
 from metasd.bandits.priors import Priors, load_priors
-from metasd.core import lanes, tree
+from metasd.core import tree
 from metasd.core.batch import VerifyPart
 from metasd.core.costs import EXTRA_ID_PRIOR, EXTRA_ID_PRIOR_PACKED, VerifyCost, best_length, expected_accepted, reward
-from metasd.core.events import DrafterStats, Event, RoundEvent, Summary
+from metasd.core.events import Event, RoundEvent, Summary
+from metasd.core.ledger import Clock, EventBuilder, Ledger, RequestClock
 from metasd.core.prompts import encode_prompt, scaffold_positions
 from metasd.core.sampling import Sampling, Verdict, verify, warp
 from metasd.core.validation import InvalidInput, Settings, clean_prompt, validate_settings
@@ -36,69 +37,10 @@ StopSignal = threading.Event | Callable[[], bool] | None
 Inspect = Callable[[DynamicCache, list[int], list[Drafter]], None]
 
 
-class TextPieces:
-    """Incremental detokenisation: the text each new id adds (held back mid-character)."""
-
-    def __init__(self, tokenizer: Any) -> None:
-        self.tok = tokenizer
-        self.ids: list[int] = []
-        self.prefix = self.read = 0
-
-    def piece(self, ids: list[int]) -> str:
-        if self.tok is None:
-            return "".join(f"<{i}>" for i in ids)
-        return self.tok.decode(ids, skip_special_tokens=True)
-
-    def push(self, new: list[int]) -> list[str]:
-        out = []
-        for t in new:
-            self.ids.append(t)
-            before = self.piece(self.ids[self.prefix : self.read])
-            after = self.piece(self.ids[self.prefix :])
-            if len(after) > len(before) and not after.endswith("\ufffd"):
-                out.append(after[len(before) :])
-                self.prefix, self.read = self.read, len(self.ids)
-            else:
-                out.append("")
-        return out
-
-
-class _Arm:
-    """Per-request statistics of one drafter."""
-
-    def __init__(self) -> None:
-        self.pulls = self.drafted = self.accepted = 0
-        self.reward_sum = 0.0
-        self.rewarded = 0  # pulls whose reward the policy saw (a plain step by choice is not one)
-        self.tokens_sum = 0.0  # realised tokens per target call, summed over pulls
-        self.draft_s = self.verify_s = 0.0
-        self.scored_tokens = 0.0  # full information: expected tokens per call, summed over rounds
-
-    def stats(self, name: str) -> DrafterStats:
-        mean = self.reward_sum / self.rewarded if self.rewarded else 0.0
-        return DrafterStats(name, self.pulls, self.drafted, self.accepted, mean, self.draft_s, self.verify_s)
-
-
 def _stopped(stop: StopSignal) -> bool:
     if stop is None:
         return False
     return stop.is_set() if isinstance(stop, threading.Event) else bool(stop())
-
-
-class Clock:
-    """Named time spans of a round: `lap(name)` charges the time since the last lap to `name`."""
-
-    def __init__(self) -> None:
-        self.t = time.perf_counter()
-        self.spans: dict[str, float] = {}
-
-    def lap(self, name: str) -> None:
-        now = time.perf_counter()
-        self.spans[name] = self.spans.get(name, 0.0) + now - self.t
-        self.t = now
-
-    def __getitem__(self, name: str) -> float:
-        return self.spans.get(name, 0.0)
 
 
 def generate(bundle: Bundle, prompt: str | list[int], settings: Settings | None = None, *,
@@ -166,10 +108,11 @@ class Round:
 
 class Request:
     """One generation's state: ids and caches, per-arm draft-length caps, the token budget, the random
-    generators, the per-arm statistics and the time spent. Its methods are the round's steps."""
+    generators; its methods are the round's steps. Its books are kept apart (metasd/core/ledger.py): what it
+    produced and each arm's statistics (`ledger`), where its time went (`clock`), its events (`events`)."""
 
     def __init__(self, bundle: Bundle, prompt: str, prompt_ids: list[int], st: Settings) -> None:
-        self.t_start = time.perf_counter()
+        self.clock = RequestClock()
         self.bundle, self.prompt, self.st = bundle, prompt, st
         self.dev = bundle.device
         self.s = Sampling(st.temperature, st.top_p, st.top_k)
@@ -186,23 +129,16 @@ class Request:
         self.priors = self.start_from_priors() if st.priors else None
         self.g_target = torch.Generator(device=self.dev).manual_seed(st.seed)
         self.g_draft = torch.Generator(device=self.dev).manual_seed(st.seed + 1)
-        self.pieces = TextPieces(bundle.tokenizer)
-        self.stats = {n: _Arm() for n in self.names}
+        self.ledger = Ledger(self.names)
+        self.events = EventBuilder(bundle.tokenizer)
         self.ids = list(prompt_ids)
-        self.generated: list[int] = []
         self.cache = DynamicCache(config=bundle.target.config)
         # Per-arm draft length: one more after a fully accepted draft, accepted + 1 after a rejection
         # (every extra verified id costs something: ~4% of a step on this CPU, ~15% unpacked).
         self.caps = [st.gamma] * len(self.arms)
         self.budget = st.max_new_tokens - 1  # the most a round may draft: it emits accepted + 1 tokens
         self.pre: dict[int, Draft] = {}  # this round's drafts of the model-free arms (sleeping arms)
-        self.new_tokens = self.target_calls = self.accepted = self.rounds = 0
-        self.ids_fed = 0  # ids read by the target's verification passes
-        self.draft_s = self.verify_s = self.overhead_s = 0.0
-        self.regret = 0.0
-        self.chosen_scored = 0.0  # full information: expected tokens of the arms actually pulled
         self.stop_reason = "max_new_tokens"
-        self.prefill_s = 0.0  # the prompt's pass runs with the first round (start): in the thread that drives us
         self.round: Round | None = None  # the round in progress
 
     def start(self) -> None:
@@ -210,7 +146,7 @@ class Request:
         the events (the page's engine worker, with its torch threads), not in the one that validated."""
         t = time.perf_counter()
         self.prefill(list(self.ids))  # a copy: drafters may keep it, self.ids grows
-        self.prefill_s = time.perf_counter() - t
+        self.clock.prefill_s = time.perf_counter() - t
 
     def start_from_priors(self) -> Priors | None:
         """Seed the policy with the preset's informed priors for this reward. None when there are none to
@@ -224,7 +160,7 @@ class Request:
 
     @property
     def done(self) -> bool:
-        return self.new_tokens >= self.st.max_new_tokens
+        return self.ledger.new_tokens >= self.st.max_new_tokens
 
     def prefill(self, prompt_ids: list[int]) -> None:
         """Feed the target all but the last prompt token (the cache invariant above), and give the
@@ -266,7 +202,7 @@ class Request:
         """Sleeping arms: the model-free drafters draft first (microseconds, deterministic, no random
         numbers drawn); one with nothing to propose is asleep, since pulling it would only be a plain
         target step. Returns the mask of awake arms (None: every arm plays)."""
-        self.budget = self.st.max_new_tokens - self.new_tokens - 1
+        self.budget = self.st.max_new_tokens - self.ledger.new_tokens - 1
         self.pre.clear()
         if not self.sleeping:
             return None
@@ -335,11 +271,7 @@ class Request:
         eos = next((i for i, t in enumerate(emitted) if t in self.bundle.eos_ids), None)
         r.emitted, r.hit_eos = (emitted[: eos + 1], True) if eos is not None else (emitted, False)
         self.ids.extend(r.emitted)
-        self.generated.extend(r.emitted)
-        self.new_tokens += len(r.emitted)
-        self.target_calls += 1
-        self.ids_fed += len(r.inputs)
-        self.accepted += v.accepted
+        self.ledger.count(r.emitted, v.accepted, len(r.inputs))
         self.arms[r.arm].record_time(clock["draft"], len(r.tokens))
         self.verify_cost.add(len(r.inputs), 1000 * clock["verify"])
         if r.tokens and len(r.tokens) == r.k and v.accepted == r.k:  # a plain step says nothing of the arm
@@ -376,12 +308,11 @@ class Request:
             # Had it drafted, it would have proposed up to gamma ids: charge that verification.
             r.rewards[i] = self._reward(g, m, self.arms[i].ms_per_token * self.st.gamma, self.st.gamma + 1)
             tokens_i = 1 + expected_accepted(g)
-            self.stats[self.names[i]].scored_tokens += tokens_i
+            self.ledger.arms[self.names[i]].scored_tokens += tokens_i
             if i == r.arm:
-                self.chosen_scored += tokens_i
+                self.ledger.chosen_scored += tokens_i
         if self.st.full_info:
-            # Measured regret: the best drafter in hindsight's expected tokens minus ours.
-            self.regret = max(a.scored_tokens for a in self.stats.values()) - self.chosen_scored
+            self.ledger.measure_regret()
         elif r.k > 0:  # a round that drafted nothing by choice says nothing about the drafter
             r.rewards[r.arm] = r.reward
 
@@ -403,64 +334,18 @@ class Request:
         verified = Verified(r.start, r.inputs, r.logits, r.emitted)
         for d in self.arms:
             d.observe(self.ids, verified)
-        a = self.stats[self.names[r.arm]]
-        a.pulls += 1
-        a.drafted += len(r.tokens)
-        a.accepted += r.verdict.accepted
-        if r.rewards[r.arm] is not None:  # the mean reward is of what the policy saw
-            a.reward_sum += r.rewards[r.arm]
-            a.rewarded += 1
-        a.tokens_sum += r.verdict.accepted + 1
-        a.draft_s += clock["draft"]
+        name = self.names[r.arm]
+        a = self.ledger.arms[name]
+        a.pulled(len(r.tokens), r.verdict.accepted, r.rewards[r.arm], clock["draft"])
         a.verify_s += clock["verify"]
         if not self.st.full_info:
-            # Estimated pseudo-regret: each round adds the gap between the best arm's mean tokens
-            # per call and the pulled arm's, both as estimated so far (never negative).
-            means = [x.tokens_sum / x.pulls for x in self.stats.values() if x.pulls]
-            self.regret += max(means) - a.tokens_sum / a.pulls
+            self.ledger.add_estimated_regret(name)
 
     def emit(self, r: Round, clock: Clock) -> RoundEvent:
-        """The round's event, with its time split: drafting (with the sleeping arms' drafts and the
-        scoring of other arms), verifying, and the engine's own bookkeeping."""
-        text = self.pieces.push(r.emitted)
-        draft_text = [self.pieces.piece([t]) for t in r.tokens]
-        clock.lap("emit")
-        drafted = clock["wake"] + clock["draft"] + clock["score"]
-        overhead = clock["pick"] + clock["accept"] + clock["learn"] + clock["emit"]
-        self.draft_s += drafted
-        self.verify_s += clock["verify"]
-        self.overhead_s += overhead
-        v = r.verdict
-        reward_shown = r.rewards[r.arm] if self.st.full_info else r.reward  # what the policy learnt
-        return RoundEvent(
-            round=self.rounds, drafter=self.names[r.arm], draft=tuple(r.tokens), accepted=v.accepted,
-            emitted=tuple(r.emitted), target_token=v.token, bonus=bool(r.tokens) and v.accepted == len(r.tokens),
-            p_draft=tuple(v.p_draft), q_draft=tuple(v.q_draft), accept_prob=tuple(v.accept_prob),
-            reward=reward_shown, rewards=dict(zip(self.names, r.rewards, strict=True)),
-            probabilities=dict(zip(self.names, r.choice.probabilities, strict=True)), regret=max(self.regret, 0.0),
-            regret_measured=self.st.full_info, draft_ms=1000 * drafted, verify_ms=1000 * clock["verify"],
-            overhead_ms=1000 * overhead, new_tokens=self.new_tokens, emitted_text=tuple(text),
-            draft_text=tuple(draft_text), scores=lanes.round_scores(self.names, r), ids_verified=len(r.inputs),
-        )
+        return self.events.round_event(self, r, clock)
 
     def summary(self) -> Summary:
-        wall = time.perf_counter() - self.t_start
-        tok = self.bundle.tokenizer
-        text = tok.decode(self.generated, skip_special_tokens=True) if tok else " ".join(map(str, self.generated))
-        st = self.st
-        return Summary(
-            prompt=self.prompt, text=text, token_ids=tuple(self.generated), new_tokens=self.new_tokens,
-            target_calls=self.target_calls, mean_accepted=self.accepted / self.target_calls if self.target_calls else 0.0,
-            wall_s=wall, tokens_per_s=self.new_tokens / wall if wall > 0 else 0.0, draft_s=self.draft_s,
-            verify_s=self.verify_s, overhead_s=self.overhead_s, prefill_s=self.prefill_s, stop_reason=self.stop_reason,
-            regret=max(self.regret, 0.0), regret_measured=st.full_info or self.policy.tree,
-            drafters=tuple(a.stats(n) for n, a in self.stats.items()),
-            # The settings as run, plus the older names of two of them and what sleeping came to.
-            config={"preset": self.bundle.preset.name, **asdict(st), "drafters": list(st.drafters),
-                    "adaptive_gamma": st.adaptive, "sleeping_arms": self.sleeping,
-                    "priors_weight": self.priors.weight if self.priors else 0.0},
-            ids_verified=self.ids_fed,
-        )
+        return self.events.summary(self)
 
 
 @torch.inference_mode()
@@ -492,7 +377,7 @@ def steps(req: Request, stop: StopSignal, inspect: Inspect | None = None
         if _stopped(stop):
             req.stop_reason = "stopped"
             break
-        req.rounds += 1
+        req.ledger.rounds += 1
         clock = Clock()
         awake = req.wake()
         clock.lap("wake")

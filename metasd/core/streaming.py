@@ -7,6 +7,10 @@ batches, at most `max_fps` batches a second (fewer when rendering a frame is slo
 engine (a GPU, a few ms a round) yields many rounds per frame and a slow one a frame per round.
 The last batch always carries the summary (or the worker's exception, re-raised in the viewer).
 
+It is the page's one driver of an event stream: Generate draws its batches, Compare drains them
+(`collect`), Replay feeds it a recorded run at its recorded pace; the target alone, timed through
+transformers, runs under the same `ThreadPlan` in a thread of its own.
+
     stream = EngineStream(generate(bundle, prompt, stop=stop), stop)
     try:
         for batch, done in stream.batches():
@@ -51,6 +55,24 @@ class _Done:
 _DONE = _Done()
 
 
+@dataclass(frozen=True)
+class ThreadPlan:
+    """torch's threads for one piece of model work, set in the thread that runs it (OpenMP keeps the setting
+    per thread): `prefill` for the prompt's pass (one large batch), `rounds` after the first pass. None
+    leaves torch's setting as it is."""
+
+    prefill: int | None = None
+    rounds: int | None = None
+
+    def begin(self) -> None:
+        if self.prefill:
+            torch.set_num_threads(self.prefill)
+
+    def first_pass_done(self) -> None:
+        if self.rounds and self.rounds != self.prefill:
+            torch.set_num_threads(self.rounds)
+
+
 class EngineStream:
     """One request's engine generator, driven by its own worker thread (nothing shared with others)."""
 
@@ -58,8 +80,7 @@ class EngineStream:
                  torch_threads: int | None = None, prefill_threads: int | None = None):
         if max_fps <= 0:
             raise ValueError("max_fps must be positive")
-        self._torch_threads = torch_threads
-        self._prefill_threads = prefill_threads or torch_threads
+        self._plan = ThreadPlan(prefill_threads or torch_threads, torch_threads)
         self._events = events
         self._stop = stop
         self._queue: queue.SimpleQueue[Timed | BaseException | _Done] = queue.SimpleQueue()
@@ -73,7 +94,7 @@ class EngineStream:
     def _pump(self) -> None:
         t0 = time.perf_counter()
         try:
-            for ev in with_threads(self._events, self._prefill_threads, self._torch_threads):
+            for ev in with_threads(self._events, self._plan.prefill, self._plan.rounds):
                 self._queue.put(Timed(ev, time.perf_counter() - t0))
         except BaseException as e:  # noqa: BLE001  (handed to the viewer, re-raised there)
             self._queue.put(e)
@@ -125,6 +146,17 @@ class EngineStream:
                 pending = []
                 last = time.perf_counter()
 
+    def collect(self) -> tuple[list[Event], Summary]:
+        """Every event to the end, for a caller that draws nothing on the way (Compare): the rounds and the
+        summary. The worker is closed however it ends."""
+        try:
+            events = [item.event for batch, _ in self.batches() for item in batch]
+        finally:
+            self.close()
+        if not events or not isinstance(events[-1], Summary):
+            raise RuntimeError("generation ended without a summary")
+        return events[:-1], events[-1]
+
     @staticmethod
     def _summary_pending(pending: list[Timed]) -> bool:
         # The summary is the engine's last event: wait for the worker's end so that the final batch is one frame.
@@ -153,16 +185,15 @@ def on_event_loop() -> bool:
 
 
 def with_threads(events: Iterator[Event], prefill: int | None, rounds: int | None) -> Iterator[Event]:
-    """The engine's events, with torch's threads set in the thread that consumes them (OpenMP keeps the
-    setting per calling thread): `prefill` threads until the first event (the prompt's pass, one large
-    batch, and the first round), `rounds` threads after it. None leaves torch's setting alone."""
-    if prefill:
-        torch.set_num_threads(prefill)
+    """The engine's events under ThreadPlan(prefill, rounds), in the thread that consumes them: the first
+    event comes after the prompt's pass and the first round."""
+    plan = ThreadPlan(prefill, rounds)
+    plan.begin()
     first = True
     for ev in events:
         yield ev
-        if first and rounds and rounds != prefill:
-            torch.set_num_threads(rounds)
+        if first:
+            plan.first_pass_done()
         first = False
 
 

@@ -361,11 +361,7 @@ def accept_tree(req, t: TreeRound, verify_ms: float) -> None:
     eos = next((i for i, x in enumerate(emitted) if x in req.bundle.eos_ids), None)
     t.emitted, t.hit_eos = (emitted[: eos + 1], True) if eos is not None else (emitted, False)
     req.ids.extend(t.emitted)
-    req.generated.extend(t.emitted)
-    req.new_tokens += len(t.emitted)
-    req.target_calls += 1
-    req.accepted += v.accepted
-    req.ids_fed = getattr(req, "ids_fed", 0) + len(t.tree) + 1
+    req.ledger.count(t.emitted, v.accepted, len(t.tree) + 1)
     req.verify_cost.add(len(t.tree) + 1, verify_ms)
     on_path = set(v.path)
     for b in t.branches:
@@ -389,18 +385,18 @@ def score_tree(req, t: TreeRound) -> None:
         g, k = t.g[b.arm], len(b.tokens)
         t.rewards[b.arm] = reward(req.st.reward, g, k, req.st.gamma, t.draft_ms.get(b.arm, 0.0), k + 1,
                                   req.verify_cost)
-        req.stats[req.names[b.arm]].scored_tokens += 1 + expected_accepted(g)
+        req.ledger.arms[req.names[b.arm]].scored_tokens += 1 + expected_accepted(g)
     req.policy.update(t.lead, t.rewards)
     req.policy.observe_tree(t.g)
     # Regret against the best single arm in hindsight: its tokens per call had it drafted alone
     # (an arm left out of a round counts a plain step, 1 token), minus the tree's realised tokens.
-    req.chosen_scored += 1 + t.verdict.accepted
-    single = getattr(req, "tree_single", None)
-    if single is None:
-        single = req.tree_single = [0.0] * len(req.arms)
+    led = req.ledger
+    led.chosen_scored += 1 + t.verdict.accepted
+    if led.tree_single is None:
+        led.tree_single = [0.0] * len(req.arms)
     for i in range(len(req.arms)):
-        single[i] += 1 + (expected_accepted(t.g[i]) if i in t.g else 0.0)
-    req.regret = max(single) - req.chosen_scored
+        led.tree_single[i] += 1 + (expected_accepted(t.g[i]) if i in t.g else 0.0)
+    led.regret = max(led.tree_single) - led.chosen_scored
 
 
 def learn_tree(req, t: TreeRound, clock) -> None:
@@ -412,20 +408,13 @@ def learn_tree(req, t: TreeRound, clock) -> None:
     verified = Verified(t.start, inputs, t.logits[rows], t.emitted)
     for d in req.arms:
         d.observe(req.ids, verified)
-    for b in t.branches:
-        a = req.stats[req.names[b.arm]]
-        a.pulls += 1
-        a.drafted += len(b.tokens)
-        a.accepted += t.own[b.arm]  # full credit: what its branch would have had accepted alone
-        if t.rewards[b.arm] is not None:
-            a.reward_sum += t.rewards[b.arm]
-            a.rewarded += 1
-        a.tokens_sum += t.own[b.arm] + 1
-        a.draft_s += t.draft_ms.get(b.arm, 0.0) / 1000
+    arms = req.ledger.arms
+    for b in t.branches:  # full credit: what its branch would have had accepted alone
+        arms[req.names[b.arm]].pulled(len(b.tokens), t.own[b.arm], t.rewards[b.arm], t.draft_ms.get(b.arm, 0.0) / 1000)
     if not t.branches:  # a plain step: charged to the lead, as the chain engine does
-        req.stats[req.names[t.lead]].pulls += 1
-        req.stats[req.names[t.lead]].tokens_sum += 1
-    req.stats[req.names[t.lead]].verify_s += clock["verify"]
+        arms[req.names[t.lead]].pulls += 1
+        arms[req.names[t.lead]].tokens_sum += 1
+    arms[req.names[t.lead]].verify_s += clock["verify"]
 
 
 def other_branches(req, t: TreeRound) -> tuple[dict, ...]:
@@ -444,7 +433,7 @@ def other_branches(req, t: TreeRound) -> tuple[dict, ...]:
         arms = sorted({a for n in nodes for a in t.tree.proposers[n]})
         out.append({"drafter": req.names[b.arm], "drafters": [req.names[a] for a in arms],
                     "from": t.tree.depths[nodes[0]] - 1, "tokens": toks,
-                    "text": [req.pieces.piece([x]) for x in toks], "accepted": t.own.get(b.arm, 0)})
+                    "text": [req.events.pieces.piece([x]) for x in toks], "accepted": t.own.get(b.arm, 0)})
     return tuple(out)
 
 
@@ -468,7 +457,7 @@ def lead_draft_probs(req, t: TreeRound) -> tuple[list[float], list[float], list[
 
 def emit_tree(req, t: TreeRound, clock):
     """The round's event: the kept path in the chain's fields, the tree in the new ones."""
-    text = req.pieces.push(t.emitted)
+    text = req.events.pieces.push(t.emitted)
     b = next((b for b in t.branches if b.arm == t.lead), None)
     draft = list(b.tokens) if b else []
     p_x, q_x, ratio = lead_draft_probs(req, t)
@@ -476,27 +465,25 @@ def emit_tree(req, t: TreeRound, clock):
     clock.lap("emit")
     drafted = clock["wake"] + clock["draft"]
     overhead = clock["pick"] + clock["walk"] + clock["accept"] + clock["score"] + clock["learn"] + clock["emit"]
-    req.draft_s += drafted
-    req.verify_s += clock["verify"]
-    req.overhead_s += overhead
-    names = req.names
+    req.clock.charge(drafted, clock["verify"], overhead)
+    names, led = req.names, req.ledger
     ideal = sum(t.draft_ms.get(i, 0.0) for i in ([t.lead] if b else [])) + req.verify_cost(1 + len(draft))
     spent = sum(t.draft_ms.values()) + 1000 * clock["verify"]
-    req.regret_tree_ms = getattr(req, "regret_tree_ms", 0.0) + max(spent - ideal, 0.0)
+    led.regret_tree_ms += max(spent - ideal, 0.0)
     return RoundEvent(
-        round=req.rounds, drafter=names[t.lead], draft=tuple(draft), accepted=t.verdict.accepted,
+        round=led.rounds, drafter=names[t.lead], draft=tuple(draft), accepted=t.verdict.accepted,
         emitted=tuple(t.emitted), target_token=t.verdict.token, bonus=bool(draft) and t.verdict.accepted == len(draft),
         p_draft=tuple(p_x), q_draft=tuple(q_x), accept_prob=tuple(ratio),
         reward=t.rewards[t.lead] if t.rewards[t.lead] is not None else 0.0,
         rewards=dict(zip(names, t.rewards, strict=True)), probabilities=dict(zip(names, t.probabilities, strict=True)),
-        regret=max(req.regret, 0.0), regret_measured=True, draft_ms=1000 * drafted, verify_ms=1000 * clock["verify"],
-        overhead_ms=1000 * overhead, new_tokens=req.new_tokens, emitted_text=tuple(text),
-        draft_text=tuple(req.pieces.piece([x]) for x in draft),
+        regret=max(led.regret, 0.0), regret_measured=True, draft_ms=1000 * drafted, verify_ms=1000 * clock["verify"],
+        overhead_ms=1000 * overhead, new_tokens=led.new_tokens, emitted_text=tuple(text),
+        draft_text=tuple(req.events.pieces.piece([x]) for x in draft),
         ids_verified=len(t.tree) + 1, tree_budget=t.budget, branches=others,
         tree_share={names[a]: v for a, v in tree_shares(t.tree).items()},
         credit={names[a]: v for a, v in credit(t.tree, t.verdict.path).items()},
-        split_ms={k: 1000 * v for k, v in clock.spans.items()}, regret_single=req.regret,
-        regret_tree_ms=req.regret_tree_ms,
+        split_ms={k: 1000 * v for k, v in clock.spans.items()}, regret_single=led.regret,
+        regret_tree_ms=led.regret_tree_ms,
     )
 
 

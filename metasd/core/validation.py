@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from metasd.bandits.policies import POLICIES, single_drafter
+from metasd.core import defaults
 
 T = TypeVar("T")
 
@@ -90,14 +91,16 @@ class InvalidInput(ValueError):
 @dataclass(frozen=True)
 class Settings:
     drafters: tuple[str, ...]
-    policy: str = "metasd-ucb"
-    reward: str = "bd"
+    # The request defaults every entry point shares (metasd/core/defaults.py); gamma: generate() puts the
+    # preset's own in when none is given.
+    policy: str = defaults.POLICY
+    reward: str = defaults.REWARD
     gamma: int = 4
-    max_new_tokens: int = 128
-    temperature: float = 0.0
-    top_p: float = 1.0
-    top_k: int = 0
-    seed: int = 0
+    max_new_tokens: int = defaults.MAX_NEW_TOKENS
+    temperature: float = defaults.TEMPERATURE
+    top_p: float = defaults.TOP_P
+    top_k: int = defaults.TOP_K
+    seed: int = defaults.SEED
     chat_template: bool = True
     full_info: bool = False
     # How fast the output comes, never what it is: score model-free drafters on every verified chunk,
@@ -161,11 +164,11 @@ def _has_surrogates(s: str) -> bool:
         return True
 
 
-def validate_settings(available: list[str], drafters: Any = None, policy: Any = "metasd-ucb",
-                      reward: Any = "bd", gamma: Any = 4, max_new_tokens: Any = 128,
-                      temperature: Any = 0.0, top_p: Any = 1.0, top_k: Any = 0, seed: Any = 0,
-                      chat_template: Any = True, full_info: Any = False, free_feedback: Any = True,
-                      adaptive: Any = True, sleeping: Any = True, priors: Any = True,
+def validate_settings(available: list[str], drafters: Any = None, policy: Any = defaults.POLICY,
+                      reward: Any = defaults.REWARD, gamma: Any = 4, max_new_tokens: Any = defaults.MAX_NEW_TOKENS,
+                      temperature: Any = defaults.TEMPERATURE, top_p: Any = defaults.TOP_P, top_k: Any = defaults.TOP_K,
+                      seed: Any = defaults.SEED, chat_template: Any = True, full_info: Any = defaults.FULL_INFO,
+                      free_feedback: Any = True, adaptive: Any = True, sleeping: Any = True, priors: Any = not defaults.COLD,
                       max_new_tokens_limit: int | None = None, default: list[str] | None = None) -> Settings:
     """Check every generation setting against `available` drafters and the limits above.
 

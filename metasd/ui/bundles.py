@@ -15,7 +15,7 @@ from transformers import LogitsProcessor, LogitsProcessorList
 
 from metasd.core.engine import encode_prompt, target_greedy
 from metasd.core.engine import run as engine_run
-from metasd.core.streaming import FairSlots, in_fresh_thread
+from metasd.core.streaming import FairSlots, ThreadPlan, in_fresh_thread
 from metasd.core.validation import InvalidInput
 from metasd.models.loading import Bundle, load_bundle
 from metasd.models.presets import DEFAULT_PRESET, PRESETS
@@ -120,33 +120,32 @@ def drafters_of(name: str, wait: bool = True) -> list[str]:
     return get_bundle(name, wait).drafter_names
 
 
-class _StepThreads(LogitsProcessor):
-    """Switches torch to the rounds' thread count once the prompt's pass is done (transformers calls
-    logits processors after every forward pass and hands the scores back unchanged here)."""
+class _FirstPassDone(LogitsProcessor):
+    """Tells the thread plan that the prompt's pass is done (transformers calls logits processors after every
+    forward pass; the scores go back unchanged)."""
 
-    def __init__(self, threads: int) -> None:
-        self.threads, self.switched = threads, False
+    def __init__(self, plan: ThreadPlan) -> None:
+        self.plan, self.told = plan, False
 
     def __call__(self, input_ids: torch.LongTensor, scores: torch.FloatTensor) -> torch.FloatTensor:
-        if not self.switched:
-            torch.set_num_threads(self.threads)
-            self.switched = True
+        if not self.told:
+            self.plan.first_pass_done()
+            self.told = True
         return scores
 
 
 def measure_target(bundle: Bundle, prompt: str, n: int) -> tuple[list[int], float]:
-    """The target alone, timed under the engine worker's torch threading (a fair ratio): the prompt's
-    pass with PREFILL_THREADS, every step after it with TORCH_THREADS (metasd.core.streaming.EngineStream)."""
-    extra: dict[str, Any] = {}
-    if not HAS_CUDA:
-        extra["logits_processor"] = LogitsProcessorList([_StepThreads(TORCH_THREADS)])
+    """The target alone, timed under the engine worker's thread plan (a fair ratio): in a thread of its own, the
+    prompt's pass with PREFILL_THREADS, every step after it with TORCH_THREADS (metasd.core.streaming)."""
+    plan = ThreadPlan() if HAS_CUDA else ThreadPlan(PREFILL_THREADS, TORCH_THREADS)
     ids = encode_prompt(bundle, prompt, True)
 
     def timed() -> tuple[list[int], float]:
+        plan.begin()
         t = time.perf_counter()
-        out = target_greedy(bundle, ids, n, **extra)
+        out = target_greedy(bundle, ids, n, logits_processor=LogitsProcessorList([_FirstPassDone(plan)]))
         return out, time.perf_counter() - t
 
-    with MODEL.hold():  # in a thread of its own, as the engine's worker (metasd.core.streaming.in_fresh_thread)
-        return in_fresh_thread(timed, None if HAS_CUDA else PREFILL_THREADS, name="metasd-target-alone")
+    with MODEL.hold():
+        return in_fresh_thread(timed, name="metasd-target-alone")
 

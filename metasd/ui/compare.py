@@ -13,10 +13,10 @@ import gradio as gr
 import pandas as pd
 
 from metasd.bandits.policies import single_drafter, single_method
-from metasd.core.engine import collect, generate
+from metasd.core.engine import generate
 from metasd.core.lanes import lanes_for
 from metasd.core.runfile import run_document
-from metasd.core.streaming import in_fresh_thread, with_threads
+from metasd.core.streaming import EngineStream, in_fresh_thread
 from metasd.core.validation import (
     COMPARE_MAX_WORK,
     PROMPT_SET_MAX_BYTES,
@@ -78,10 +78,11 @@ def _method_runs(bundle: Bundle, prompt: str, methods: list[str], max_new_tokens
         step(i, m)
         alone = single_drafter(m)
         # In a thread of its own with the engine worker's torch threads, as the target alone was timed.
+        stop = threading.Event()
         events = generate(bundle, prompt, drafters=None if alone is None else [alone], policy=m,
-                          max_new_tokens=max_new_tokens)
-        with MODEL.hold():
-            out[m] = in_fresh_thread(lambda events=events: collect(with_threads(events, *THREADS)), name="metasd-compare")
+                          max_new_tokens=max_new_tokens, stop=stop)
+        with MODEL.hold():  # the page's one stream driver, as Generate's runs (its worker: a thread of its own)
+            out[m] = EngineStream(events, stop, prefill_threads=THREADS[0], torch_threads=THREADS[1]).collect()
     return out, base_tps, ids
 
 

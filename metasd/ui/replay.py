@@ -7,17 +7,20 @@ import hashlib
 import threading
 import time
 from collections import OrderedDict
+from collections.abc import Iterator
 from typing import Any
 
 import gradio as gr
 
+from metasd.core.events import RoundEvent
 from metasd.core.runfile import Replay, parse_run
+from metasd.core.streaming import EngineStream
 from metasd.core.validation import REPLAY_MAX_S, RUN_MAX_BYTES, InvalidInput, number
 from metasd.ui import viz
 from metasd.ui.config import ASSETS, EXAMPLES, FRAME_FPS, task_title
 from metasd.ui.errors import failure, refused
 from metasd.ui.files import read_upload
-from metasd.ui.frames import REPLAY_FIELDS, SKIP, STREAM_PLACEHOLDER, Frame, final_status, frame, lanes_view
+from metasd.ui.frames import REPLAY_FIELDS, SKIP, STREAM_PLACEHOLDER, Frame, ReplayFrame, final_status, frame, lanes_view
 from metasd.ui.session import STOPS, RunRecord, replay_key
 
 RUNS_DIR = ASSETS / "runs"
@@ -134,24 +137,35 @@ def replay_view(run_file: Any = None, name: str = "", speed: float = 2.0, reques
         STOPS.end(key, stop)
 
 
-def _replay_frames(run: Replay, view: viz.LiveView, pace: float, stop: threading.Event):
-    """The rounds at their recorded pace (each wait at most REPLAY_MAX_S, and the whole replay too)."""
-    t0, clock, shown = time.perf_counter(), 0.0, -1.0
-    laned = t0
+def _paced(run: Replay, pace: float, stop: threading.Event) -> Iterator[RoundEvent]:
+    """The recorded rounds at their recorded pace / `pace` (each wait at most REPLAY_MAX_S, and the whole replay
+    too): the event stream a replay's driver draws, as the engine's is for a live run."""
+    t0, clock = time.perf_counter(), 0.0
     for ev in run.rounds:
-        if stop.is_set():
-            break
         clock += _round_s(ev)
         wait = min(t0 + clock / pace - time.perf_counter(), REPLAY_MAX_S)
-        if wait > 0 and stop.wait(wait):
-            break
-        view.add(ev, clock)
-        if time.perf_counter() - shown >= 1.0 / FRAME_FPS:
-            shown = time.perf_counter()
+        if (wait > 0 and stop.wait(wait)) or stop.is_set():
+            return
+        yield ev
+
+
+def _replay_frames(run: Replay, view: viz.LiveView, pace: float, stop: threading.Event) -> Iterator[ReplayFrame]:
+    """The paced rounds through the page's one stream driver (metasd.core.streaming.EngineStream): frames at
+    most FRAME_FPS a second, fewer when drawing is slow, as Generate's; the lanes once a second."""
+    stream = EngineStream(_paced(run, pace, stop), stop, max_fps=FRAME_FPS)
+    laned = time.perf_counter()
+    try:
+        for batch, _ in stream.batches():
+            t_frame = time.perf_counter()
+            for item in batch:
+                view.add(item.event, view.engine_s + _round_s(item.event))
             lanes = SKIP
-            if shown - laned >= 1.0:  # the lanes (a larger block) once a second
-                lanes, laned = _lanes(run, view), shown
+            if t_frame - laned >= 1.0:  # the lanes (a larger block) once a second
+                lanes, laned = _lanes(run, view), t_frame
             yield Frame(tokens=view.tokens_html(), text=view.text(), lanes=lanes).for_replay()
+            stream.frame_cost(time.perf_counter() - t_frame)
+    finally:
+        stream.close()
 
 
 def replay_at(run_file: Any, name: str, k: Any):

@@ -203,8 +203,6 @@ def _generate_answer(drafters0: list[str]) -> tuple[gr.components.Component, ...
             show_rejected = gr.Checkbox(True, label="Show rejected draft tokens", scale=0, min_width=220)
             auto_base = gr.Checkbox(True, label="Measure the target alone after each run", scale=0, min_width=300)
             measure_btn = gr.Button("Measure target alone", size="sm", scale=0, min_width=170)
-        # The drafter lanes under the answer and its numbers: where each drafter would have been accepted.
-        lanes = gr.HTML(lanes_placeholder(viz.LANES_EMPTY), elem_id="lanes", js_on_load=None)
         with gr.Accordion("The answer as plain text", open=False):
             answer_text = gr.Textbox(show_label=True, label="Answer", lines=4, max_lines=12, interactive=False,
                                      buttons=["copy"], elem_id="answer-text")
@@ -218,6 +216,9 @@ def _generate_answer(drafters0: list[str]) -> tuple[gr.components.Component, ...
             with gr.Column(min_width=300):
                 regret_plot = gr.Plot(plot(empty.regret_json()), elem_id="regret", show_label=False)
                 gr.Markdown(text.REGRET_CAPTION, elem_classes="caption")
+        # The drafter lanes (where each drafter would have been accepted) under the answer and its plots: they
+        # arrive when the answer ends, and below the plots they never move the live views.
+        lanes = gr.HTML(lanes_placeholder(viz.LANES_EMPTY), elem_id="lanes", js_on_load=None)
     return tokens, stats, show_rejected, auto_base, measure_btn, answer_text, arm_plot, regret_plot, lanes
 
 

@@ -19,7 +19,7 @@ HOW_TO_READ = """
 - **Regret**: tokens lost so far against always using the drafter that turned out best; *measured* with
   full-information feedback, *estimated* otherwise.
 - **Speed-up**: the engine's tokens/s over the target alone on the same prompt, both measured here.
-- **Drafter lanes** (under the answer): one row per drafter of the request, one cell per token of the answer.
+- **Drafter lanes** (under the answer and its plots): one row per drafter of the request, one cell per token of the answer.
   A cell's fill height is that drafter's acceptance probability at that token, given the true text before it
   (its prediction teacher-forced on the answer): in greedy decoding full (it would have proposed exactly this
   token) or empty. Read along a row to see *where* a drafter is right: prompt lookup on copied spans, a math
