@@ -21,6 +21,7 @@ import gradio as gr  # noqa: E402
 import torch  # noqa: E402
 
 from metasd.core.validation import UPLOAD_MAX_BYTES  # noqa: E402
+from metasd.drafting.registry import load_plugins  # noqa: E402
 from metasd.models.loading import cache_root  # noqa: E402
 from metasd.ui.bundles import default_preset, drafters_of, get_bundle  # noqa: E402
 from metasd.ui.compare import cancel_compare  # noqa: E402
@@ -47,6 +48,9 @@ from metasd.ui.text import HEAD, HERO  # noqa: E402
 
 def build_demo() -> gr.Blocks:
     """The page: a header, then the Generate, Compare, Replay and Bandit playground tabs."""
+    # Operator plugins (metasd.drafting.registry): modules named by whoever runs the server, never by the page;
+    # loaded here, not on import. Their drafters join every preset's list, each with a colour of its own.
+    load_plugins(os.environ.get("METASD_PLUGINS"))
     preset0 = default_preset()
     drafters0 = drafters_of(preset0)
     # delete_cache: gradio's copies of served files (run logs hold prompts) go after an hour.
@@ -127,6 +131,7 @@ def main(argv: list[str] | None = None) -> None:
         # behind it, and each generation's worker then gets its threads without contention
         # (metasd.core.streaming.in_fresh_thread).
         torch.set_num_threads(1)
+    load_plugins(os.environ.get("METASD_PLUGINS"))  # a plugin that fails stops the start before any model loads
     bundle = get_bundle(default_preset())  # models load once, at start-up
     if BATCH:
         logging.getLogger("metasd.app").info(start_rounds(bundle))

@@ -2,7 +2,8 @@
 generations run at once, the limits of a request, the page's defaults and its examples.
 
 Environment: $METASD_CONCURRENCY, $METASD_QUEUE_SIZE, $METASD_MAX_WAITING, $METASD_TORCH_THREADS,
-$METASD_FRAME_FPS, $METASD_PLOT_INTERVAL, $METASD_PRESET (see bundles.default_preset) and $METASD_PLUGINS.
+$METASD_FRAME_FPS, $METASD_PLOT_INTERVAL and $METASD_PRESET (see bundles.default_preset). Importing it loads
+nothing else: operator plugins ($METASD_PLUGINS) are loaded by app.py when it builds or starts the page.
 """
 
 from __future__ import annotations
@@ -16,7 +17,6 @@ import torch
 
 from metasd import paths
 from metasd.core import defaults
-from metasd.drafting.registry import load_plugins
 from metasd.models.spaces import duration_of
 
 try:  # ZeroGPU on Hugging Face Spaces: a GPU is attached only inside decorated calls.
@@ -37,9 +37,6 @@ except ImportError:  # anywhere else: a no-op
         return fn if fn is not None else (lambda f: f)
 
 
-# Operator plugins (metasd.drafting.registry): modules named by whoever runs the server, never by the page. Their
-# drafters join every preset's list, each with a colour of its own.
-PLUGIN_DRAFTERS = load_plugins(os.environ.get("METASD_PLUGINS"))
 ROOT, ASSETS = paths.ROOT, paths.ASSETS  # the repository (app.py, metasd/, assets/) and its assets
 HAS_CUDA = torch.cuda.is_available()
 # Generations that may run at once (each one holds the model): 1 on a CPU, 2 on a GPU.
