@@ -29,7 +29,7 @@ CLI_TIMEOUT_S = 180
 
 # (program, subcommand) of every command kind that has a smoke test in this file.
 COVERED = {("make", "run"), ("make", "test"), ("metasd", "generate"), ("metasd", "bench"), ("metasd", "drafters"),
-           ("metasd", "replay"), ("metasd", "priors"), ("metasd.training.train", None)}
+           ("metasd", "replay"), ("metasd", "priors"), ("metasd.training.train", None), ("scripts/load_users.py", None)}
 
 # Files the README names that do not exist: none. An entry here would fail the test once the file
 # exists (or the README stops naming it), so the list cannot go stale.
@@ -100,6 +100,8 @@ def kind(cmd: str) -> tuple[str, str | None]:
         if module == "metasd":
             return module, tokens[3] if len(tokens) > 3 else None
         return module, None
+    if re.fullmatch(r"(\.venv/bin/)?python3?", tokens[0]) and len(tokens) > 1 and tokens[1].startswith("scripts/"):
+        return tokens[1], None
     return tokens[0], cmd
 
 
@@ -354,6 +356,21 @@ def test_priors_command(tmp_path):
     bad = run([program(cmd), "-m", "metasd", "priors", "--prompts", str(prompts), "--skip-per-category", "5",
                "--out", str(out)])
     assert bad.returncode == 2 and bad.stderr.strip().startswith("error:"), bad.stderr
+
+
+@pytest.mark.timeout(300)
+def test_load_users_command():
+    """The class-at-once measurement, as BENCHMARKS.md runs it, with two users and a few tokens."""
+    cmd = commands_of(("scripts/load_users.py", None), "benchmarks")[0]
+    assert flags(cmd) == ["--batching", "--max-new-tokens", "--users"], cmd
+    p = ok(run([program(cmd), "scripts/load_users.py", "--users", "2", "--max-new-tokens", "8", "--prompts", "2",
+                "--timeout", "120", "--batching", "on"], timeout=280))
+    rows = [line for line in p.stdout.splitlines() if line.startswith("| 2 | on |")]
+    assert len(rows) == 1, p.stdout
+    cells = [c.strip() for c in rows[0].strip("|").split("|")]
+    assert cells[5] == "2 / 0 / 0", rows[0]  # both served, nobody told to wait or turned away
+    assert cells[7] == "2 of 2", rows[0]  # each answer is its solo answer
+    assert cells[-1] == "0", rows[0]  # no errors
 
 
 def test_train_help():
