@@ -8,6 +8,10 @@ served / told their place in line / told the class is full (and how soon after R
 answer equals the engine's solo answer on the same prompt, and the server's RSS before and after.
 
     .venv/bin/python scripts/load_users.py --users 1 8 32 64 [--max-new-tokens 64] [--batching off]
+    .venv/bin/python scripts/load_users.py --users 1 8 32 --engine-only   # the same, no web server
+
+`--engine-only` runs the same users on the engine's shared rounds in this process (no server, no frames):
+the gap between its rows and the server's is what serving the page costs.
 
 Bounded: at most --max-users users, each run at most --timeout seconds; the server is always killed.
 The solo answers are computed in this process before the server starts (greedy is deterministic).
@@ -24,6 +28,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import psutil
 
@@ -47,6 +52,42 @@ class UserRun:
     text: str = ""
     error: str = ""
     statuses: list[str] = field(default_factory=list)
+
+
+def _patch_in_place(value: Any, edits: list) -> Any:
+    """A stream message's edits applied to the last output itself. gradio_client deep-copies every output for
+    every message before editing it, which for 64 users on this 2-core machine took 40% of the CPU the server
+    was being measured on; a browser on a student's own machine pays that cost, not the server. Same edits,
+    same result: replace/append at a path, add/delete in a list or dict."""
+    for action, path, new in edits:
+        if not path:
+            value = new if action == "replace" else value + new
+            continue
+        parent = value
+        for key in path[:-1]:
+            parent = parent[key]
+        key = path[-1]
+        if action == "replace":
+            parent[key] = new
+        elif action == "append":
+            parent[key] += new
+        elif action == "add":
+            if isinstance(parent, list):
+                parent.insert(int(key), new)
+            else:
+                parent[key] = new
+        elif action == "delete":
+            del parent[int(key) if isinstance(parent, list) else key]
+        else:
+            raise ValueError(f"unknown stream edit {action!r}")
+    return value
+
+
+def light_client() -> None:
+    """gradio_client, with stream edits applied in place (the load generator shares the server's cores)."""
+    import gradio_client.utils
+
+    gradio_client.utils.apply_diff = _patch_in_place
 
 
 def one_user(url: str, prompt: str, n: int, go: threading.Event, timeout: float) -> UserRun:
@@ -146,6 +187,53 @@ def drive(url: str, pid: int, users: int, prompts: list[str], solo: dict, a: arg
             f"| {len(errors)}{(': ' + errors[0]) if errors else ''} |")
 
 
+def engine_only(users: int, prompts: list[str], solo: dict, a: argparse.Namespace) -> str:
+    """The same class on the engine alone, in this process: one Rounds driver as the server builds it, N
+    threads submitting at the same moment, no web server, no frames (what the server adds is the gap)."""
+    import torch
+
+    from metasd.core.batch import Rounds
+    from metasd.core.engine import prepare, steps
+    from metasd.ui.bundles import get_bundle
+    from metasd.ui.config import PAGE_POLICY
+
+    bundle = get_bundle("offline")
+    cores = os.cpu_count() or 1  # every core, as a hosted server's rounds get them
+    torch.set_num_threads(cores)
+    rounds = Rounds(bundle.target, max_batch=users, threads=cores, share=True)
+    go = threading.Event()
+    runs = [UserRun(prompts[i % len(prompts)]) for i in range(users)]
+
+    def user(r: UserRun) -> None:
+        req = prepare(bundle, r.prompt, max_new_tokens=a.max_new_tokens, policy=PAGE_POLICY)
+        go.wait()
+        t0 = time.perf_counter()
+        for ev in rounds.submit(req, steps(req, None)):
+            if r.first_token is None:
+                r.first_token = time.perf_counter() - t0
+            if hasattr(ev, "emitted_text"):
+                r.text += "".join(ev.emitted_text)
+            else:
+                r.tokens = ev.new_tokens
+        r.wall = time.perf_counter() - t0
+
+    threads = [threading.Thread(target=user, args=(r,), daemon=True) for r in runs]
+    for t in threads:
+        t.start()
+    time.sleep(1.0)
+    t0 = time.perf_counter()
+    go.set()
+    for t in threads:
+        t.join(a.timeout)
+    wall = time.perf_counter() - t0
+    firsts = [r.first_token for r in runs if r.first_token is not None]
+    same = sum(r.text == solo[r.prompt][0] for r in runs)
+    per_user = statistics.median(r.tokens / r.wall for r in runs if r.wall)
+    return (f"| {users} | engine only | {sum(r.tokens for r in runs) / wall:.1f} | {per_user:.1f} "
+            f"| {pct(firsts, 0.5):.1f} s / {pct(firsts, 0.95):.1f} s | {users} / - / - | - | {same} of {users} "
+            f"| - | {wall:.0f} s | 0 |")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--users", type=int, nargs="+", default=[1, 8, 32, 64])
@@ -155,6 +243,10 @@ def main() -> None:
     ap.add_argument("--prompts", type=int, default=4, help="distinct page examples the users cycle through")
     ap.add_argument("--batching", choices=["on", "off"], default="on",
                     help="$METASD_BATCH for the server (rounds of many requests in one pass)")
+    ap.add_argument("--engine-only", action="store_true",
+                    help="the same users on the engine's shared rounds in this process, without the web server")
+    ap.add_argument("--server-env", nargs="*", default=[], metavar="NAME=VALUE",
+                    help="more METASD_* settings for the server (e.g. METASD_FRAME_FPS=2)")
     a = ap.parse_args()
     if max(a.users) > a.max_users:
         ap.error(f"at most --max-users={a.max_users} users")
@@ -162,9 +254,21 @@ def main() -> None:
 
     prompts = [e["turns"][0] for e in EXAMPLES][: a.prompts]
     solo = solo_answers(prompts, a.max_new_tokens)
+    light_client()
+    if a.engine_only:
+        print("| users | server | aggregate tok/s | user tok/s (median) | first token p50 / p95 | served | - "
+              "| answers = solo | - | wall | errors |\n|---:|---|---:|---:|---|---|---|---|---|---:|---|")
+        for n in a.users:
+            print(engine_only(n, prompts, solo, a), flush=True)
+        return
     port = free_port()
     env = scrubbed_env(SPACE_ID="local/metasd-load", PORT=str(port), METASD_BATCH="1" if a.batching == "on" else "0")
     env.pop("OMP_NUM_THREADS")  # a Space sets none
+    for item in a.server_env:
+        name, _, value = item.partition("=")
+        if not name.startswith("METASD_") or not value:
+            ap.error(f"--server-env takes METASD_NAME=VALUE, not {item!r}")
+        env[name] = value
     env["PYTHONPATH"] = str(ROOT)
     print(f"# {os.cpu_count()} cores; server: python app.py --host 127.0.0.1 (SPACE_ID, PORT={port} set)")
     print("| users | batching | aggregate tok/s | user tok/s (median) | first token p50 / p95 | served / told place / "

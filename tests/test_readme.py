@@ -361,8 +361,10 @@ def test_priors_command(tmp_path):
 @pytest.mark.timeout(300)
 def test_load_users_command():
     """The class-at-once measurement, as BENCHMARKS.md runs it, with two users and a few tokens."""
-    cmd = commands_of(("scripts/load_users.py", None), "benchmarks")[0]
-    assert flags(cmd) == ["--batching", "--max-new-tokens", "--users"], cmd
+    cmds = commands_of(("scripts/load_users.py", None), "benchmarks")
+    assert [flags(c) for c in cmds] == [["--batching", "--max-new-tokens", "--users"],
+                                        ["--engine-only", "--max-new-tokens", "--users"]], cmds
+    cmd = cmds[0]
     p = ok(run([program(cmd), "scripts/load_users.py", "--users", "2", "--max-new-tokens", "8", "--prompts", "2",
                 "--timeout", "120", "--batching", "on"], timeout=280))
     rows = [line for line in p.stdout.splitlines() if line.startswith("| 2 | on |")]
@@ -371,6 +373,10 @@ def test_load_users_command():
     assert cells[5] == "2 / 0 / 0", rows[0]  # both served, nobody told to wait or turned away
     assert cells[7] == "2 of 2", rows[0]  # each answer is its solo answer
     assert cells[-1] == "0", rows[0]  # no errors
+    p = ok(run([program(cmds[1]), "scripts/load_users.py", "--users", "2", "--max-new-tokens", "8", "--prompts", "2",
+                "--engine-only"], timeout=280))
+    rows = [line for line in p.stdout.splitlines() if line.startswith("| 2 | engine only |")]
+    assert len(rows) == 1 and "| 2 of 2 |" in rows[0], p.stdout  # the same answers on the engine alone
 
 
 def test_train_help():

@@ -14,7 +14,7 @@ import pytest
 import torch
 from transformers import DynamicCache
 
-from metasd.core.batch import Rounds, VerifyPart, row_invariant, verify_together
+from metasd.core.batch import PassCost, Rounds, VerifyPart, measure_pass_cost, row_invariant, verify_together
 from metasd.core.engine import collect, generate, prepare, steps
 from metasd.core.streaming import FairSlots
 from metasd.models.cpu_linear import pack_linears
@@ -251,6 +251,50 @@ def test_batched_rounds_give_each_request_its_solo_output_tiny(temperature, poli
     assert rounds.most >= 3 and rounds.share
 
 
+def test_the_load_generators_light_client_applies_gradios_stream_edits():
+    """scripts/load_users.py edits each output in place instead of gradio_client's copy-then-edit: the same
+    outputs as gradio_client's own edit of the server's stream diffs."""
+    import random
+
+    from gradio.utils import diff
+    from gradio_client.utils import apply_diff
+
+    from scripts.load_users import _patch_in_place
+
+    rng = random.Random(0)
+
+    def value(depth: int = 0):
+        kind = rng.choice(["str", "list", "dict", "num"] if depth < 3 else ["str", "num"])
+        if kind == "str":
+            return "".join(rng.choice("ab<>") for _ in range(rng.randint(0, 6)))
+        if kind == "num":
+            return rng.randint(0, 9)
+        if kind == "list":
+            return [value(depth + 1) for _ in range(rng.randint(0, 4))]
+        return {rng.choice("xyzw"): value(depth + 1) for _ in range(rng.randint(0, 4))}
+
+    for _ in range(300):
+        old, new = value(), value()
+        if rng.random() < 0.3 and isinstance(old, str):
+            new = old + "more"  # an appended token view
+        edits = diff(old, new)
+        assert _patch_in_place(copy.deepcopy(old), edits) == apply_diff(old, edits), (old, new)
+
+
+def test_the_batch_bound_reads_the_measured_pass_costs():
+    cost = PassCost(requests=(1, 4, 8, 16, 32), ms=(100.0, 145.0, 205.0, 325.0, 565.0), rows=5)
+    fixed, per = cost.fit()
+    assert abs(fixed - 85.0) < 1e-6 and abs(per - 15.0) < 1e-6  # the points lie on 85 + 15 n
+    assert [cost.best_batch(s) for s in (0.5, 1.0, 2.0, 3.0, 6.0)] == [1, 1, 7, 14, 34]
+    assert "fitted 85 ms + 15.0 ms per request" in cost.describe()
+    bundle = tiny_bundle(vocab=64)
+    pack_linears(bundle.target)
+    measured = measure_pass_cost(bundle.target, 3, requests=(1, 2, 6), context=8, repeats=1)
+    assert measured.requests == (1, 2, 6) and measured.rows == 3 and all(ms > 0 for ms in measured.ms)
+    bounds = [measured.best_batch(s) for s in (1.0, 2.0, 4.0, 8.0)]
+    assert bounds == sorted(bounds) and bounds[0] >= 1 and measured.fit()[1] > 0  # more slowdown, more requests
+
+
 def test_unpacked_rows_are_not_invariant_so_passes_are_not_shared():
     """Plain F.linear (MKL sgemm) gives a row other bits beside other rows: measured, and then not shared."""
     bundle = tiny_bundle(vocab=64)
@@ -298,6 +342,30 @@ def test_batched_rounds_give_each_request_its_solo_output_offline(page_offline):
     solo = [_emitted(generate(bundle, p, **kw(i))) for i, p in enumerate(prompts)]
     together, rounds = _together(bundle, prompts, kw, max_batch=3)
     assert together == solo and rounds.most >= 2
+
+
+def test_while_others_share_the_model_a_run_skips_its_extras(page_offline):
+    """Shared rounds, another run on the model: the finished run's lanes (a third of a run's work) and the
+    target-alone timing wait for a quiet moment, and the page says so."""
+    slots = MODEL.slots
+    ui_generate.start_rounds(page_offline)
+    MODEL.resize(max(2, MODEL.slots))
+    MODEL.acquire()  # another student's run
+    try:
+        frames = list(generate_view(PROMPT, "offline", max_new_tokens=8, request=req("student-2")))
+        last = frames[-1]
+        assert last.record.summary is not None and not last.record.lanes
+        assert "No drafter lanes now: 1 other run share" in last.lanes and "Full-information" in last.lanes
+        with mock.patch.object(ui_generate, "measure_target", side_effect=AssertionError("timed beside others")):
+            stats, baselines = measure_baseline(last.record, {}, True, False)
+        assert "not timed now: 1 runs share the model" in stats and baselines == {}
+        full = list(generate_view(PROMPT, "offline", max_new_tokens=8, full_info=True, request=req("student-3")))[-1]
+        assert full.record.lanes and all(len(v) == 8 for v in full.record.lanes.values())  # the live cells
+    finally:
+        MODEL.release()
+        ui_generate.ROUNDS = None
+        MODEL.resize(slots)
+    assert MODEL.running == 0 and not STOPS.runs
 
 
 def test_page_runs_share_rounds_and_get_their_solo_answers(page_offline):

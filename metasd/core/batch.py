@@ -64,16 +64,16 @@ def verify_together(model: torch.nn.Module, parts: list[VerifyPart]) -> list[tor
         a += len(p.ids)
     dev = next(model.parameters()).device
     h = lm.embed_tokens(torch.tensor([[t for p in parts for t in p.ids]], device=dev))
-    own = []  # per part: (mask, rotary cos/sin), built exactly as the model's forward builds them alone
-    for p, (a, b) in zip(parts, spans, strict=True):
-        pos = torch.arange(p.start, p.start + len(p.ids), device=dev).view(1, -1)
-        x = h[:, a:b]
-        mask = create_causal_mask(config=lm.config, inputs_embeds=x, attention_mask=None, past_key_values=p.cache,
-                                  position_ids=pos)
-        own.append((mask, lm.rotary_emb(x, position_ids=pos)))
+    # Every row at its own request's position: the rotary angles are elementwise in the position, so one call
+    # over all rows gives each row the bits its own pass gives it.
+    pos = torch.tensor([[p.start + i for p in parts for i in range(len(p.ids))]], device=dev)
+    rotary = lm.rotary_emb(h, position_ids=pos)
+    masks = [create_causal_mask(config=lm.config, inputs_embeds=h[:, a:b], attention_mask=None,
+                                past_key_values=p.cache, position_ids=pos[:, a:b])
+             for p, (a, b) in zip(parts, spans, strict=True)]  # each part's own, as its own forward builds it
     for layer in lm.layers[: lm.config.num_hidden_layers]:
         residual = h
-        h = residual + _attention(layer.self_attn, layer.input_layernorm(h), parts, spans, own)
+        h = residual + _attention(layer.self_attn, layer.input_layernorm(h), parts, spans, masks, rotary)
         residual = h
         h = residual + layer.mlp(layer.post_attention_layernorm(h))
     logits = model.lm_head(lm.norm(h))
@@ -81,21 +81,21 @@ def verify_together(model: torch.nn.Module, parts: list[VerifyPart]) -> list[tor
 
 
 def _attention(attn: torch.nn.Module, x: torch.Tensor, parts: list[VerifyPart], spans: list[tuple[int, int]],
-               own: list) -> torch.Tensor:
-    """The attention block: projections over all rows at once, attention per part against its own cache."""
-    q_all, k_all, v_all = attn.q_proj(x), attn.k_proj(x), attn.v_proj(x)
+               masks: list, rotary: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
+    """The attention block: projections and rotary embeddings over all rows at once (both row-wise), then
+    attention per part against its own cache, written into one output for the output projection."""
+    shape = (1, x.shape[1], -1, attn.head_dim)
+    q = attn.q_proj(x).view(shape).transpose(1, 2)
+    k = attn.k_proj(x).view(shape).transpose(1, 2)
+    v = attn.v_proj(x).view(shape).transpose(1, 2)
+    q, k = apply_rotary_pos_emb(q, k, *rotary)
     interface: Callable = ALL_ATTENTION_FUNCTIONS.get_interface(attn.config._attn_implementation, _eager_missing)
-    outs = []
-    for p, (a, b), (mask, (cos, sin)) in zip(parts, spans, own, strict=True):
-        shape = (1, b - a, -1, attn.head_dim)
-        q = q_all[:, a:b].reshape(shape).transpose(1, 2)
-        k = k_all[:, a:b].reshape(shape).transpose(1, 2)
-        v = v_all[:, a:b].reshape(shape).transpose(1, 2)
-        q, k = apply_rotary_pos_emb(q, k, cos, sin)
-        k, v = p.cache.update(k, v, attn.layer_idx)
-        o, _ = interface(attn, q, k, v, mask, dropout=0.0, scaling=attn.scaling)
-        outs.append(o.reshape(1, b - a, -1).contiguous())
-    return attn.o_proj(torch.cat(outs, dim=1))
+    out = torch.empty((1, x.shape[1], q.shape[1] * attn.head_dim), dtype=q.dtype, device=q.device)
+    for p, (a, b), mask in zip(parts, spans, masks, strict=True):
+        keys, values = p.cache.update(k[:, :, a:b], v[:, :, a:b], attn.layer_idx)
+        o, _ = interface(attn, q[:, :, a:b], keys, values, mask, dropout=0.0, scaling=attn.scaling)
+        out[:, a:b] = o.reshape(1, b - a, -1)
+    return attn.o_proj(out)
 
 
 def _eager_missing(*args: object, **kwargs: object) -> None:
@@ -127,44 +127,61 @@ def row_invariant(model: torch.nn.Module, rows: int = 48, seed: int = 0) -> bool
 
 @dataclass(frozen=True)
 class PassCost:
-    """Pass time against rows per pass, measured at start-up: `ms[i]` for `rows[i]` rows."""
+    """Shared-pass time against requests per pass, measured at start-up: `ms[i]` for `requests[i]` requests of
+    `rows` ids each (a round's last id and a full draft), every one against its own KV cache, so the per-request
+    attention is in the price as well as the rows."""
 
-    rows: tuple[int, ...]
+    requests: tuple[int, ...]
     ms: tuple[float, ...]
+    rows: int
 
-    def best_batch(self, rows_per_request: int, slowdown: float = 2.0) -> int:
-        """The most requests one pass may carry while it costs at most `slowdown` times a single request's
-        pass (each running stream then keeps at least 1/slowdown of its solo speed)."""
-        solo = self.at(rows_per_request)
-        best = 1
-        for n in range(1, 1 + max(self.rows) // max(1, rows_per_request)):
-            if self.at(n * rows_per_request) <= slowdown * solo:
-                best = n
-        return best
+    def fit(self) -> tuple[float, float]:
+        """Least-squares line through the measured points: ms = fixed + per_request * n (one noisy point, on a
+        machine with two cores, does not move the bound much)."""
+        n = len(self.requests)
+        mx, my = sum(self.requests) / n, sum(self.ms) / n
+        sxx = sum((x - mx) ** 2 for x in self.requests)
+        slope = sum((x - mx) * (y - my) for x, y in zip(self.requests, self.ms, strict=True)) / sxx if sxx else 0.0
+        return my - slope * mx, max(slope, 1e-9)
 
-    def at(self, rows: int) -> float:
-        """Linear interpolation between the measured points."""
-        pts = list(zip(self.rows, self.ms, strict=True))
-        for (r0, m0), (r1, m1) in zip(pts, pts[1:], strict=False):
-            if r0 <= rows <= r1:
-                return m0 + (m1 - m0) * (rows - r0) / max(1, r1 - r0)
-        return pts[-1][1] * rows / pts[-1][0] if rows > pts[-1][0] else pts[0][1]
+    def best_batch(self, slowdown: float) -> int:
+        """The most requests one pass may carry while, on the fitted line, it costs at most `slowdown` times a
+        single request's pass (each running stream then keeps at least 1/slowdown of its solo speed)."""
+        fixed, per = self.fit()
+        return max(1, int((slowdown * (fixed + per) - fixed) // per))
+
+    def describe(self) -> str:
+        fixed, per = self.fit()
+        points = ", ".join(f"{n}: {ms:.0f} ms" for n, ms in zip(self.requests, self.ms, strict=True))
+        return f"passes of {self.rows} ids per request {points}; fitted {fixed:.0f} ms + {per:.1f} ms per request"
 
 
 @torch.no_grad()
-def measure_pass_cost(model: torch.nn.Module, rows: tuple[int, ...] = (1, 5, 10, 20, 40), repeats: int = 3) -> PassCost:
-    """Time one full target pass (no cache) over each row count: the batch bound's cost model."""
+def measure_pass_cost(model: torch.nn.Module, rows: int, requests: tuple[int, ...] = (1, 4, 8, 16, 24, 32),
+                      context: int = 32, repeats: int = 2) -> PassCost:
+    """Time one shared pass (verify_together) for each number of requests, every request `rows` ids after
+    `context` ids of its own cache: the batch bound's cost model. The first pass warms the kernels up."""
+    from copy import deepcopy
+
+    from transformers import DynamicCache
+
     dev = next(model.parameters()).device
-    ms = []
-    for n in rows:
-        ids = torch.zeros((1, n), dtype=torch.long, device=dev)
-        best = float("inf")
-        for _ in range(repeats):
-            t = time.perf_counter()
-            model(input_ids=ids, use_cache=False, logits_to_keep=n)
-            best = min(best, time.perf_counter() - t)
-        ms.append(1000 * best)
-    return PassCost(tuple(rows), tuple(ms))
+    base = DynamicCache()
+    model(input_ids=torch.arange(1, context + 1, device=dev).view(1, -1), past_key_values=base, use_cache=True)
+    caches = [deepcopy(base) for _ in range(max(requests))]
+    ids = list(range(context + 1, context + 1 + rows))
+
+    def one_pass(n: int) -> float:
+        t = time.perf_counter()
+        verify_together(model, [VerifyPart(ids, context, c) for c in caches[:n]])
+        spent = time.perf_counter() - t
+        for c in caches[:n]:
+            c.crop(-rows)  # back to the context alone for the next pass
+        return spent
+
+    one_pass(1)
+    ms = [1000 * min(one_pass(n) for _ in range(repeats)) for n in requests]
+    return PassCost(tuple(requests), tuple(ms), rows)
 
 
 class _End:

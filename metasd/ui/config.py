@@ -65,11 +65,13 @@ TORCH_THREADS = int(os.environ.get("METASD_TORCH_THREADS", "0")) or (
 # machine), off locally (one teacher's browser) unless $METASD_BATCH says otherwise; only on a CPU, only
 # where the target's linear layers are row-invariant (checked at start-up). The batch is bounded by the
 # pass-time cost model measured at start-up (each stream keeps at least 1/BATCH_SLOWDOWN of its solo
-# speed), by $METASD_KV_BUDGET_MB of KV caches and by $METASD_MAX_BATCH.
+# speed), by $METASD_KV_BUDGET_MB of KV caches and by $METASD_MAX_BATCH. On 2 cores a pass of 32 full drafts
+# costs 5-7x a solo one (measured 2026-12-02; rounds verify ~2 ids, not 5, so less in practice): 8x lets a
+# class of 32 start together instead of most of it waiting for whole runs ahead of it.
 BATCH = os.environ.get("METASD_BATCH", "1" if HOSTED else "0") == "1" and not HAS_CUDA
-BATCH_SLOWDOWN = float(os.environ.get("METASD_BATCH_SLOWDOWN", "4"))
-MAX_BATCH = int(os.environ.get("METASD_MAX_BATCH", "16"))
-KV_BUDGET_MB = int(os.environ.get("METASD_KV_BUDGET_MB", "2048"))
+BATCH_SLOWDOWN = float(os.environ.get("METASD_BATCH_SLOWDOWN", "8"))
+MAX_BATCH = int(os.environ.get("METASD_MAX_BATCH", "32"))
+KV_BUDGET_MB = int(os.environ.get("METASD_KV_BUDGET_MB", "4096"))
 # The prompt's prefill is one large batch, where more threads do pay: every core's share for it.
 PREFILL_THREADS = max(TORCH_THREADS, _CORES // GEN_CONCURRENCY)
 MAX_NEW_TOKENS = 1024 if HAS_CUDA else 512

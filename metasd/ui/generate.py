@@ -134,17 +134,16 @@ def start_rounds(bundle: Bundle) -> str:
     global ROUNDS
     if not row_invariant(bundle.target):
         return "shared rounds: off (this target's linear layers give a row other bits beside other rows)"
-    cost = in_fresh_thread(lambda: measure_pass_cost(bundle.target), TORCH_THREADS, name="metasd-cost-model")
-    rows = bundle.preset.gamma + 1
-    by_time = cost.best_batch(rows, BATCH_SLOWDOWN)
+    rows = bundle.preset.gamma + 1  # a round's last id and a full draft: the most a chain round verifies
+    cost = in_fresh_thread(lambda: measure_pass_cost(bundle.target, rows), TORCH_THREADS, name="metasd-cost-model")
+    by_time = cost.best_batch(BATCH_SLOWDOWN)
     per_request = kv_bytes_per_token(bundle.target) * min(bundle.max_context, 1024 + MAX_NEW_TOKENS)
     by_memory = max(1, KV_BUDGET_MB * 2**20 // per_request)
     n = max(1, min(by_time, by_memory, MAX_BATCH))
     ROUNDS = Rounds(bundle.target, n, threads=TORCH_THREADS, share=True)
     MODEL.resize(n)
-    passes = ", ".join(f"{r} rows {m:.0f} ms" for r, m in zip(cost.rows, cost.ms, strict=True))
-    return (f"shared rounds: up to {n} runs per pass (cost model: {passes}; at most {BATCH_SLOWDOWN:g}x a solo "
-            f"pass of {rows} rows -> {by_time}; KV budget {KV_BUDGET_MB} MB -> {by_memory}; cap {MAX_BATCH})")
+    return (f"shared rounds: up to {n} runs per pass (cost model: {cost.describe()}; at most {BATCH_SLOWDOWN:g}x "
+            f"a solo pass -> {by_time}; KV budget {KV_BUDGET_MB} MB -> {by_memory}; cap {MAX_BATCH})")
 
 
 def _shared(req: Any, stop: threading.Event) -> Iterator[Any]:
@@ -267,8 +266,17 @@ def _engine_frames(stream: EngineStream, view: viz.LiveView, record: RunRecord,
                 yield frame(view, record, baselines, status, record=record, lanes=lanes_placeholder(LANES_STOPPED))
                 break
             yield frame(view, record, baselines, status, record=record)
-            # The lanes after the answer: its frame is out first, so they never delay it.
-            lanes = in_fresh_thread(lambda r=record: run_lanes(r), None if HAS_CUDA else PREFILL_THREADS, "metasd-lanes")
+            # The lanes after the answer: its frame is out first, so they never delay it. While other runs share
+            # the model, only what the engine scored live (full information): the teacher-forced passes would
+            # cost the class about a third of a run's work each.
+            others = sharing_model()
+            if others and not record.settings.get("full_info"):
+                yield frame(view, record, baselines, status, record=record, lanes=lanes_placeholder(
+                    f"No drafter lanes now: {others} other run{'s' if others != 1 else ''} share the model, and the "
+                    "lanes after an answer would cost them a third of a run. Tick Full-information feedback to see them live."))
+                break
+            lanes = in_fresh_thread(lambda r=record, post=not others: run_lanes(r, post=post),
+                                    None if HAS_CUDA else PREFILL_THREADS, "metasd-lanes")
             record = replace(record, lanes=lanes)
             # The final frame again, whole (a caller reading only the last one gets every view), with the lanes.
             yield frame(view, record, baselines, status, record=record,
@@ -288,18 +296,25 @@ def _engine_frames(stream: EngineStream, view: viz.LiveView, record: RunRecord,
         stream.frame_cost(time.perf_counter() - t_frame)
 
 
-def run_lanes(record: RunRecord) -> dict[str, list[float]]:
+def run_lanes(record: RunRecord, post: bool = True) -> dict[str, list[float]]:
     """The finished run's drafter lanes: live cells where the engine scored them, the rest teacher-forced now
-    (the model is still held by this request)."""
+    (the model is still held by this request); `post=False`: the live cells only."""
     if not record.rounds or record.summary is None:
         return {}
     try:
-        lanes, secs = lanes_for(bundle_for(record.preset), record.summary.prompt, record.rounds, record.summary.config)
+        lanes, secs = lanes_for(bundle_for(record.preset), record.summary.prompt, record.rounds, record.summary.config,
+                                post=post)
     except Exception:  # the answer stands without its lanes; the log keeps why
         log.exception("drafter lanes failed")
         return {}
     log.info("lanes: %d tokens x %d drafters in %.0f ms", record.summary.new_tokens, len(lanes), 1000 * secs)
     return lanes
+
+
+def sharing_model() -> int:
+    """How many other page runs share the model with a finished one that still holds its slot (shared rounds;
+    0 where runs take turns): its after-the-answer extras then wait for a quiet moment."""
+    return 0 if ROUNDS is None else max(0, MODEL.running - 1) + MODEL.waiting
 
 
 def _company() -> str:
@@ -342,6 +357,10 @@ def measure_baseline(record: RunRecord | None, baselines: dict | None, auto: boo
         # Others wait for the model: their runs go first; this timing only on demand.
         return stats(_record_view(record), record, baselines, f"Target alone not timed now: {MODEL.waiting} "
                      "runs wait for the model. Press “Measure target alone” later."), baselines
+    if key not in baselines and not forced and ROUNDS is not None and MODEL.running:
+        # Others share the model's passes: a timing beside them would slow them and be unfair to the target.
+        return stats(_record_view(record), record, baselines, f"Target alone not timed now: {MODEL.running} "
+                     "runs share the model. Press “Measure target alone” later."), baselines
     if key not in baselines or forced:
         bundle = bundle_for(record.preset)
         try:
