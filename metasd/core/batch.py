@@ -21,10 +21,12 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable, Generator, Iterator
+from copy import deepcopy
 from dataclasses import dataclass
 from typing import Any
 
 import torch
+from transformers import DynamicCache
 from transformers.masking_utils import create_causal_mask
 from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
 
@@ -161,9 +163,7 @@ def measure_pass_cost(model: torch.nn.Module, rows: int, requests: tuple[int, ..
                       context: int = 32, repeats: int = 2) -> PassCost:
     """Time one shared pass (verify_together) for each number of requests, every request `rows` ids after
     `context` ids of its own cache: the batch bound's cost model. The first pass warms the kernels up."""
-    from copy import deepcopy
-
-    from transformers import DynamicCache
+    from metasd.drafting.drafters import crop_to  # the engine's own roll-back (drafting imports core lazily)
 
     dev = next(model.parameters()).device
     base = DynamicCache()
@@ -176,7 +176,7 @@ def measure_pass_cost(model: torch.nn.Module, rows: int, requests: tuple[int, ..
         verify_together(model, [VerifyPart(ids, context, c) for c in caches[:n]])
         spent = time.perf_counter() - t
         for c in caches[:n]:
-            c.crop(-rows)  # back to the context alone for the next pass
+            crop_to(c, context)  # back to the context alone for the next pass
         return spent
 
     one_pass(1)
