@@ -99,21 +99,32 @@ def one_user(url: str, prompt: str, n: int, go: threading.Event, timeout: float)
         go.wait(timeout)
         t0 = time.perf_counter()
         job = client.submit(prompt, preset="offline", max_new_tokens=n, temperature=0.0, api_name="/generate")
-        last = None
-        for out in job:
+        last, seen = None, 0
+        # Polled 20 times a second, not iterated: gradio_client's iterator checks for news every millisecond in
+        # each user's thread (64 of them took a core from the server), and waits forever if its reader died.
+        while True:
+            finished = job.done()
+            outs = job.outputs()
             t = time.perf_counter() - t0
-            html = str(out[0]) + " " + str(out[3])
-            if run.told_place is None and " in line, about " in html:
-                run.told_place = t
-            if run.told_full is None and "the class is full" in html:
-                run.told_full = t
-            if run.first_token is None and 'class="tok ' in str(out[0]):
-                run.first_token = t
-            last = out
+            for out in outs[seen:]:
+                html = str(out[0]) + " " + str(out[3])
+                if run.told_place is None and " in line, about " in html:
+                    run.told_place = t
+                if run.told_full is None and "the class is full" in html:
+                    run.told_full = t
+                if run.first_token is None and 'class="tok ' in str(out[0]):
+                    run.first_token = t
+                last = out
+            seen = len(outs)
+            if finished:
+                if job.exception() is not None:
+                    run.error = f"stream failed: {type(job.exception()).__name__}: {job.exception()}"[:200]
+                break
             if t > timeout:
                 job.cancel()
                 run.error = "timed out"
                 break
+            time.sleep(0.05)
         run.wall = time.perf_counter() - t0
         done = re.search(r"done: (\d+) tokens", str(last[0])) if last is not None else None
         if done:
@@ -166,8 +177,9 @@ def drive(url: str, pid: int, users: int, prompts: list[str], solo: dict, a: arg
     before = rss_mb(pid)
     t0 = time.perf_counter()
     go.set()
-    for t in threads:
-        t.join(a.timeout + 60)
+    deadline = time.perf_counter() + a.timeout + 60
+    for t in threads:  # one deadline for all: a user that never returns is counted as lost, not waited for again
+        t.join(max(0.0, deadline - time.perf_counter()))
     wall = time.perf_counter() - t0
     after = rss_mb(pid)
     done = [r for r in runs if r is not None]
@@ -178,7 +190,7 @@ def drive(url: str, pid: int, users: int, prompts: list[str], solo: dict, a: arg
     per_user = [r.tokens / r.wall for r in served if r.wall]
     place = [r.told_place for r in done if r.told_place is not None]
     full = [r.told_full for r in done if r.told_full is not None]
-    errors = [r.error for r in done if r.error]
+    errors = [r.error for r in done if r.error] + ["never returned"] * (users - len(done))
     said = [min(x for x in (r.told_place, r.told_full, r.first_token) if x is not None) for r in done
             if any(x is not None for x in (r.told_place, r.told_full, r.first_token))]
     return (f"| {users} | {a.batching} | {tokens / wall:.1f} | {statistics.median(per_user) if per_user else float('nan'):.1f} "
@@ -194,13 +206,15 @@ def engine_only(users: int, prompts: list[str], solo: dict, a: argparse.Namespac
 
     from metasd.core.batch import Rounds
     from metasd.core.engine import prepare, steps
+    from metasd.core.prefix import PrefixStore
     from metasd.ui.bundles import get_bundle
-    from metasd.ui.config import PAGE_POLICY
+    from metasd.ui.config import PAGE_POLICY, PREFIX_MB
 
     bundle = get_bundle("offline")
     cores = os.cpu_count() or 1  # every core, as a hosted server's rounds get them
     torch.set_num_threads(cores)
-    rounds = Rounds(bundle.target, max_batch=users, threads=cores, share=True)
+    rounds = Rounds(bundle.target, max_batch=users, threads=cores, share=True,
+                    prefixes=PrefixStore(PREFIX_MB * 2**20))  # as the server's (metasd.ui.generate.start_rounds)
     go = threading.Event()
     runs = [UserRun(prompts[i % len(prompts)]) for i in range(users)]
 
@@ -241,6 +255,8 @@ def main() -> None:
     ap.add_argument("--timeout", type=float, default=600.0, help="seconds a user waits at most for its answer")
     ap.add_argument("--max-users", type=int, default=64)
     ap.add_argument("--prompts", type=int, default=4, help="distinct page examples the users cycle through")
+    ap.add_argument("--distinct", action="store_true",
+                    help="every user's prompt its own (\"Student N asks: \" before the example): no prompt is read twice")
     ap.add_argument("--batching", choices=["on", "off"], default="on",
                     help="$METASD_BATCH for the server (rounds of many requests in one pass)")
     ap.add_argument("--engine-only", action="store_true",
@@ -253,6 +269,8 @@ def main() -> None:
     from metasd.ui.config import EXAMPLES
 
     prompts = [e["turns"][0] for e in EXAMPLES][: a.prompts]
+    if a.distinct:
+        prompts = [f"Student {i + 1} asks: {prompts[i % len(prompts)]}" for i in range(max(a.users))]
     solo = solo_answers(prompts, a.max_new_tokens)
     light_client()
     if a.engine_only:

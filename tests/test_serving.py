@@ -251,6 +251,68 @@ def test_batched_rounds_give_each_request_its_solo_output_tiny(temperature, poli
     assert rounds.most >= 3 and rounds.share
 
 
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_a_class_on_the_same_prompts_reads_each_prompt_once_and_gets_its_solo_outputs(temperature):
+    """Requests that join others with a prompt already read take its kept pass (metasd.core.prefix) instead of
+    their own: outputs, greedy and sampled, are each request's solo output; a request alone reads its prompt."""
+    from metasd.core.prefix import PrefixStore
+
+    bundle = tiny_bundle(vocab=64)
+    pack_linears(bundle.target)
+    g = torch.Generator().manual_seed(5)
+    distinct = [torch.randint(0, 64, (n,), generator=g).tolist() for n in (9, 23, 14)]
+    prompts = [distinct[i % 3] for i in range(8)]
+
+    def kw(i: int) -> dict:
+        return {"chat_template": False, "max_new_tokens": 16, "temperature": temperature, "seed": i,
+                "policy": "metasd-ucb"}
+
+    solo = [_emitted(generate(bundle, p, **kw(i))) for i, p in enumerate(prompts)]
+    store = PrefixStore(64 * 2**20)
+    rounds = Rounds(bundle.target, max_batch=8, idle_s=1.0, prefixes=store)
+    reqs = [prepare(bundle, p, **kw(i)) for i, p in enumerate(prompts)]
+    streams = [rounds.submit(r, steps(r, None)) for r in reqs]
+    assert [_emitted(s) for s in streams] == solo
+    assert (store.misses, store.hits, len(store)) == (3, 5, 3)  # each distinct prompt read once
+    assert sum(r.prefill_reused for r in reqs) == 5
+
+    # The kept pass is the bits of a fresh one.
+    fresh = prepare(bundle, distinct[1], **kw(0))
+    fresh.start()
+    kept = DynamicCache(config=bundle.target.config)
+    assert store.take(fresh.ids[:-1], _keep(fresh), kept) is not None
+    assert all(torch.equal(a.keys, b.keys) and torch.equal(a.values, b.values)
+               for a, b in zip(kept.layers, fresh.cache.layers, strict=True))
+
+    # Alone: its own pass (timed as it runs), kept for later company.
+    alone = Rounds(bundle.target, max_batch=8, idle_s=1.0, prefixes=PrefixStore(64 * 2**20))
+    req = prepare(bundle, distinct[0], **kw(0))
+    assert _emitted(alone.submit(req, steps(req, None))) == solo[0]
+    assert not req.prefill_reused and alone.prefixes.hits == 0 and len(alone.prefixes) == 1
+
+
+def _keep(req) -> int:
+    want = max((d.seed_rows for d in req.arms), default=0)
+    return min(len(req.ids) - 1, want) if want else 1
+
+
+def test_kept_prompt_passes_are_bounded_in_bytes_oldest_first():
+    from metasd.core.prefix import PrefixStore
+
+    bundle = tiny_bundle(vocab=64)
+    one = prepare(bundle, list(range(1, 40)), chat_template=False, max_new_tokens=4)
+    one.start()
+    size = sum(lay.keys.nbytes + lay.values.nbytes for lay in one.cache.layers)
+    store = PrefixStore(int(2.5 * size) + 64 * 4 * 8)
+    for first in range(4):
+        store.keep([first, *range(1, 39)], 1, one.cache, torch.zeros(1, 64))
+    assert len(store) == 2 and store.nbytes <= store.max_bytes
+    assert store.take([0, *range(1, 39)], 1, DynamicCache(config=bundle.target.config)) is None  # the oldest went
+    assert store.take([3, *range(1, 39)], 1, DynamicCache(config=bundle.target.config)) is not None
+    store.keep(list(range(500)), 1, one.cache, torch.zeros(10**7))  # larger than the whole store: not kept
+    assert len(store) == 2
+
+
 def test_the_load_generators_light_client_applies_gradios_stream_edits():
     """scripts/load_users.py edits each output in place instead of gradio_client's copy-then-edit: the same
     outputs as gradio_client's own edit of the server's stream diffs."""

@@ -12,7 +12,7 @@ import pytest
 
 from metasd.core.engine import generate, run
 from metasd.core.events import RoundEvent, Summary
-from metasd.core.streaming import EngineStream
+from metasd.core.streaming import EngineStream, FrameBudget
 from metasd.ui import viz
 from tests.tiny import tiny_bundle
 
@@ -183,6 +183,45 @@ def test_slow_rendering_spaces_the_frames_out_and_each_frame_carries_the_rounds_
         stream.close()
     with pytest.raises(ValueError):
         EngineStream(iter(()), threading.Event(), max_fps=0)
+
+
+def test_the_servers_frame_budget_is_shared_by_its_open_streams(bundle):
+    """Two streams under a budget of 4 frames a second draw a frame each at most every half second; a stream
+    counts only while its frames are being taken, and one left half-read stops counting when it is dropped."""
+    import time
+
+    budget = FrameBudget(4.0)
+    assert budget.interval() == 0.25 and budget.open == 0
+    gates = [threading.Event() for _ in range(2)]
+
+    def events(gate: threading.Event):
+        yield from (object() for _ in range(3))
+        gate.wait(30)
+
+    streams = [EngineStream(events(g), threading.Event(), max_fps=100.0, budget=budget) for g in gates]
+    try:
+        frames = [s.batches() for s in streams]
+        for f in frames:
+            first, _ = next(f)  # the first round at once, budget or not
+            assert len(first) == 1
+        assert budget.open == 2 and budget.interval() == 0.5
+        asked = time.perf_counter()
+        second, _ = next(frames[0])
+        waited = time.perf_counter() - asked
+        assert waited >= 0.5 * 0.95, f"a frame came {waited:.3f} s after the last with two streams open"
+        assert len(second) == 2  # the rounds in between arrive together
+        frames[1].close()  # a page that went away: its generator is dropped
+        assert budget.open == 1 and budget.interval() == 0.25
+    finally:
+        for g in gates:
+            g.set()
+        for s in streams:
+            s.close()
+    for f in frames:
+        f.close()
+    assert budget.open == 0
+    with pytest.raises(ValueError):
+        FrameBudget(0)
 
 
 def test_fair_slots_serve_first_come_first_served():

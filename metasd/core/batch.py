@@ -30,6 +30,8 @@ from transformers import DynamicCache
 from transformers.masking_utils import create_causal_mask
 from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
 
+from metasd.core.prefix import PrefixStore
+
 try:
     from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 except ImportError:  # pragma: no cover  (older layouts)
@@ -207,10 +209,13 @@ class Rounds:
     At most `max_batch` requests share a pass; more wait, in order, for one to leave."""
 
     def __init__(self, model: torch.nn.Module, max_batch: int, threads: int | None = None, idle_s: float = 30.0,
-                 share: bool | None = None):
+                 share: bool | None = None, prefixes: PrefixStore | None = None):
         if max_batch < 1:
             raise ValueError("max_batch must be at least 1")
         self.model, self.max_batch, self.threads, self.idle_s = model, max_batch, threads, idle_s
+        # Prompt passes kept for the next request with the same prompt (metasd.core.prefix), taken only by a
+        # request that joins others: a class running the same examples reads each prompt once.
+        self.prefixes = prefixes
         # Passes are shared only where no row's result depends on its neighbours (else each request has its own).
         self.share = row_invariant(model) if share is None else share
         self.most = 0  # the most requests one pass has verified
@@ -263,7 +268,11 @@ class Rounds:
                     self._thread = None
                     return False
             while self._joining and len(self._members) < self.max_batch:
-                self._members.append(self._joining.popleft())
+                m = self._joining.popleft()
+                self._members.append(m)
+                if self.prefixes is not None:
+                    m.req.prefixes = self.prefixes
+                    m.req.prefix_reuse = len(self._members) + len(self._joining) > 1
             return True
 
     def _pass(self, live: list[_Member]) -> list[tuple[torch.Tensor, Any]]:

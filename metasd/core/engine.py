@@ -26,6 +26,7 @@ from metasd.core.batch import VerifyPart
 from metasd.core.costs import EXTRA_ID_PRIOR, EXTRA_ID_PRIOR_PACKED, VerifyCost, best_length, expected_accepted, reward
 from metasd.core.events import Event, RoundEvent, Summary
 from metasd.core.ledger import Clock, EventBuilder, Ledger, RequestClock
+from metasd.core.prefix import PrefixStore
 from metasd.core.prompts import encode_prompt, scaffold_positions
 from metasd.core.sampling import Sampling, Verdict, verify, warp
 from metasd.core.validation import InvalidInput, Settings, clean_prompt, validate_settings
@@ -133,6 +134,11 @@ class Request:
         self.events = EventBuilder(bundle.tokenizer)
         self.ids = list(prompt_ids)
         self.cache = DynamicCache(config=bundle.target.config)
+        # Kept prompt passes, lent by a server's shared rounds: this request keeps its own pass there, and takes a
+        # kept one only with `prefix_reuse` (in company: a run alone is timed as it runs, for a fair speed-up).
+        self.prefixes: PrefixStore | None = None
+        self.prefix_reuse = False
+        self.prefill_reused = False  # whether the prompt's pass was a kept one
         # Per-arm draft length: one more after a fully accepted draft, accepted + 1 after a rejection
         # (every extra verified id costs something: ~4% of a step on this CPU, ~15% unpacked).
         self.caps = [st.gamma] * len(self.arms)
@@ -175,16 +181,26 @@ class Request:
             return
         want = max((d.seed_rows for d in self.arms), default=0)
         keep = min(len(ids) - 1, want) if want else 1
-        out = self.bundle.target(input_ids=torch.tensor([ids[:-1]], device=self.dev), past_key_values=self.cache,
-                                 use_cache=True, logits_to_keep=keep, output_hidden_states=bool(self.readers))
-        for d in self.readers:
-            d.take_features(0, out.hidden_states, len(ids) - 1)
+        # A server's kept prompt passes (metasd.core.prefix), where it lends them; not for white-box readers.
+        store = self.prefixes if self.prefixes is not None and not self.readers and self.prefixes.fits(self.cache) \
+            else None
+        logits = store.take(ids[:-1], keep, self.cache) if store is not None and self.prefix_reuse else None
+        if logits is None:
+            out = self.bundle.target(input_ids=torch.tensor([ids[:-1]], device=self.dev), past_key_values=self.cache,
+                                     use_cache=True, logits_to_keep=keep, output_hidden_states=bool(self.readers))
+            logits = out.logits[0]
+            for d in self.readers:
+                d.take_features(0, out.hidden_states, len(ids) - 1)
+            if store is not None:
+                store.keep(ids[:-1], keep, self.cache, logits)
+        else:
+            self.prefill_reused = True
         first = len(ids) - 1 - keep
         rows = [j for j in range(keep) if first + j not in scaffold]
         for d in self.arms:
             mine = rows[-d.seed_rows:] if d.seed_rows else []
             if mine:
-                d.seed([ids[first + j] for j in mine], out.logits[0, mine])
+                d.seed([ids[first + j] for j in mine], logits[mine])
 
     def length(self, i: int) -> int:
         """Arm i's draft length this round: its adaptive cap, never past the token budget."""

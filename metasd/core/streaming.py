@@ -28,7 +28,7 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
@@ -73,11 +73,48 @@ class ThreadPlan:
             torch.set_num_threads(self.rounds)
 
 
+class FrameBudget:
+    """The frames a second one server draws for all of its streams together, shared out evenly.
+
+    A frame costs the server's event loop a few ms whatever it carries (gradio post-processes and diffs every
+    output of the event). 64 streams at 8 frames a second each kept the event loop of a 2-core server busy
+    with frames alone, and starved the engine it shares the interpreter with. Under the budget each of N open
+    streams draws at most `fps`/N frames a second; the engine's work per stream is unchanged, it arrives in
+    fewer, larger frames."""
+
+    def __init__(self, fps: float):
+        if fps <= 0:
+            raise ValueError("fps must be positive")
+        self.fps = fps
+        self._open = 0
+        self._lock = threading.Lock()
+
+    @contextmanager
+    def holding(self) -> Iterator[None]:
+        """One open stream while the block runs."""
+        with self._lock:
+            self._open += 1
+        try:
+            yield
+        finally:
+            with self._lock:
+                self._open -= 1
+
+    @property
+    def open(self) -> int:
+        return self._open
+
+    def interval(self) -> float:
+        """The least time between two frames of one stream now."""
+        return max(1, self._open) / self.fps
+
+
 class EngineStream:
     """One request's engine generator, driven by its own worker thread (nothing shared with others)."""
 
     def __init__(self, events: Iterator[Event], stop: threading.Event, max_fps: float = DEFAULT_MAX_FPS,
-                 torch_threads: int | None = None, prefill_threads: int | None = None):
+                 torch_threads: int | None = None, prefill_threads: int | None = None,
+                 budget: FrameBudget | None = None):
         if max_fps <= 0:
             raise ValueError("max_fps must be positive")
         self._plan = ThreadPlan(prefill_threads or torch_threads, torch_threads)
@@ -86,6 +123,7 @@ class EngineStream:
         self._queue: queue.SimpleQueue[Timed | BaseException | _Done] = queue.SimpleQueue()
         self.min_interval = 1.0 / max_fps
         self.interval = self.min_interval  # grows when rendering is slow (see frame_cost)
+        self.budget = budget  # the server's frames, shared by its open streams (None: this stream's own pace)
         self.frames = 0
         self.rounds = 0
         self._thread = threading.Thread(target=self._pump, name="metasd-engine", daemon=True)
@@ -115,6 +153,14 @@ class EngineStream:
         """Everything the engine produced since the last frame. The first round is handed over as soon as
         it exists (the first visible token), then at most one batch per `interval`; the final batch
         (done=True) holds the summary. Re-raises the engine's exception, if any, after its last rounds."""
+        with self.budget.holding() if self.budget is not None else nullcontext():
+            yield from self._batches()
+
+    def _gap(self) -> float:
+        """The time between frames now: this stream's own pace, or the server's share, whichever is longer."""
+        return self.interval if self.budget is None else max(self.interval, self.budget.interval())
+
+    def _batches(self) -> Iterator[tuple[list[Timed], bool]]:
         pending: list[Timed] = []
         last = -math.inf
         while True:
@@ -122,7 +168,7 @@ class EngineStream:
             if not pending:  # nothing to show: sleep until the engine has something
                 item = self._queue.get()
             else:  # something to show: take more until the next frame is due
-                wait = last + self.interval - time.perf_counter()
+                wait = last + self._gap() - time.perf_counter()
                 try:
                     item = self._queue.get(timeout=wait) if wait > 0 else self._queue.get_nowait()
                 except queue.Empty:
@@ -140,7 +186,7 @@ class EngineStream:
                 pending.append(item)
                 if not isinstance(item.event, Summary):
                     self.rounds += 1
-            if pending and time.perf_counter() - last >= self.interval and not self._summary_pending(pending):
+            if pending and time.perf_counter() - last >= self._gap() and not self._summary_pending(pending):
                 self.frames += 1
                 yield pending, False
                 pending = []

@@ -72,6 +72,9 @@ BATCH = os.environ.get("METASD_BATCH", "1" if HOSTED else "0") == "1" and not HA
 BATCH_SLOWDOWN = float(os.environ.get("METASD_BATCH_SLOWDOWN", "8"))
 MAX_BATCH = int(os.environ.get("METASD_MAX_BATCH", "32"))
 KV_BUDGET_MB = int(os.environ.get("METASD_KV_BUDGET_MB", "4096"))
+# Prompt passes kept for the next run of the same prompt in company (metasd.core.prefix): a page example's
+# pass is 3-15 MB of keys and values on the offline preset.
+PREFIX_MB = int(os.environ.get("METASD_PREFIX_MB", "256"))
 # The prompt's prefill is one large batch, where more threads do pay: every core's share for it.
 PREFILL_THREADS = max(TORCH_THREADS, _CORES // GEN_CONCURRENCY)
 MAX_NEW_TOKENS = 1024 if HAS_CUDA else 512
@@ -81,6 +84,10 @@ COMPARE_MAX_PROMPTS = 40 if HAS_CUDA else 21
 # FRAME_FPS times a second): redrawing the two plotly figures is most of what a browser does during a run.
 PLOT_INTERVAL_S = float(os.environ.get("METASD_PLOT_INTERVAL", "1.0"))  # 0.5 s cost a browser twice the plotly time
 FRAME_FPS = float(os.environ.get("METASD_FRAME_FPS", "8"))  # frames a second at most (the token view)
+# Frames a second for the whole server, shared by its open streams (metasd.core.streaming.FrameBudget): one
+# stream keeps FRAME_FPS; 32 streams draw a frame each every second or so, which leaves the event loop free
+# to serve them (each frame costs it a few ms, whatever the frame carries).
+SERVER_FPS = float(os.environ.get("METASD_SERVER_FPS", "32"))
 
 EXAMPLES: list[dict[str, Any]] = json.loads((ASSETS / "examples.json").read_text(encoding="utf-8"))
 TASKS = list(dict.fromkeys(e["category"] for e in EXAMPLES))

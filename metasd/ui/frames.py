@@ -64,6 +64,30 @@ class Frame(NamedTuple):
         return ReplayFrame(*(getattr(self, f) for f in REPLAY_FIELDS))
 
 
+class Unchanged:
+    """A stream's text views (numbers, plain text, lanes) sent again as they were, instead of gr.skip().
+
+    gradio turns every skipped output of every streamed frame into a new component and its config (a few ms on
+    the server's event loop each), while a string sent again diffs to nothing: no bytes go out, and a browser
+    sets a text prop to an equal string without redrawing. The figures and the table keep gr.skip(): they are
+    objects, which a browser would redraw."""
+
+    FIELDS = ("stats", "text", "lanes")
+
+    def __init__(self) -> None:
+        self.last: dict[str, str] = {}
+
+    def __call__(self, f: Frame) -> Frame:
+        fill = {}
+        for name in self.FIELDS:
+            v = getattr(f, name)
+            if isinstance(v, str):
+                self.last[name] = v
+            elif v is SKIP and name in self.last:
+                fill[name] = self.last[name]
+        return f._replace(**fill) if fill else f
+
+
 REPLAY_FIELDS = tuple(f for f in Frame._fields if f != "record")
 ReplayFrame = namedtuple("ReplayFrame", REPLAY_FIELDS)  # Frame without `record`, still by name
 

@@ -18,7 +18,8 @@ from metasd.core.batch import Rounds, kv_bytes_per_token, measure_pass_cost, row
 from metasd.core.engine import encode_prompt, generate, prepare, steps
 from metasd.core.lanes import lanes_for
 from metasd.core.numerics import first_divergence
-from metasd.core.streaming import EngineStream, Place, Ticket, in_fresh_thread, on_event_loop
+from metasd.core.prefix import PrefixStore
+from metasd.core.streaming import EngineStream, FrameBudget, Place, Ticket, in_fresh_thread, on_event_loop
 from metasd.core.validation import InvalidInput, clean_prompt
 from metasd.models.loading import Bundle
 from metasd.models.presets import DEFAULT_PRESET, PRESETS
@@ -35,6 +36,8 @@ from metasd.ui.config import (
     PAGE_POLICY,
     PLOT_INTERVAL_S,
     PREFILL_THREADS,
+    PREFIX_MB,
+    SERVER_FPS,
     TORCH_THREADS,
     gpu,
 )
@@ -42,6 +45,7 @@ from metasd.ui.errors import failure, refused
 from metasd.ui.frames import (
     STREAM_PLACEHOLDER,
     Frame,
+    Unchanged,
     baseline_key,
     final_status,
     frame,
@@ -54,6 +58,7 @@ from metasd.ui.frames import (
 from metasd.ui.session import STOPS, RunRecord, SessionReader, session_key
 
 WAIT_UPDATE_S = 1.0  # a waiting run's page hears from the line at least this often
+FRAMES = FrameBudget(SERVER_FPS)  # the server's frames a second, shared by every page run streaming now
 
 log = logging.getLogger(__name__)
 LANES_STOPPED = "No drafter lanes for a stopped run: they are computed when an answer ends on its own."
@@ -87,7 +92,7 @@ def generate_view(prompt: str, preset: str = DEFAULT_PRESET, drafters: list[str]
                        drafters=list(drafters) if drafters else names)
     view = viz.LiveView(viz.drafter_colors(names), record.drafters, placeholder=STREAM_PLACEHOLDER)
     try:
-        yield from _stream(events, stop, view, record, baselines, key, SessionReader(key))
+        yield from map(Unchanged(), _stream(events, stop, view, record, baselines, key, SessionReader(key)))
     finally:
         STOPS.end(key, stop)
 
@@ -140,10 +145,11 @@ def start_rounds(bundle: Bundle) -> str:
     per_request = kv_bytes_per_token(bundle.target) * min(bundle.max_context, 1024 + MAX_NEW_TOKENS)
     by_memory = max(1, KV_BUDGET_MB * 2**20 // per_request)
     n = max(1, min(by_time, by_memory, MAX_BATCH))
-    ROUNDS = Rounds(bundle.target, n, threads=TORCH_THREADS, share=True)
+    ROUNDS = Rounds(bundle.target, n, threads=TORCH_THREADS, share=True, prefixes=PrefixStore(PREFIX_MB * 2**20))
     MODEL.resize(n)
     return (f"shared rounds: up to {n} runs per pass (cost model: {cost.describe()}; at most {BATCH_SLOWDOWN:g}x "
-            f"a solo pass -> {by_time}; KV budget {KV_BUDGET_MB} MB -> {by_memory}; cap {MAX_BATCH})")
+            f"a solo pass -> {by_time}; KV budget {KV_BUDGET_MB} MB -> {by_memory}; cap {MAX_BATCH}); "
+            f"prompt passes kept: up to {PREFIX_MB} MB")
 
 
 def _shared(req: Any, stop: threading.Event) -> Iterator[Any]:
@@ -172,7 +178,7 @@ def _stream(events: Iterator[Any], stop: threading.Event, view: viz.LiveView, re
         # The engine starts before the first frame is drawn: prefill runs meanwhile.
         own = HAS_CUDA or ROUNDS is not None  # shared rounds: torch runs in the rounds' thread, not this stream's
         stream = EngineStream(events, stop, max_fps=FRAME_FPS, torch_threads=None if own else TORCH_THREADS,
-                              prefill_threads=None if own else PREFILL_THREADS)
+                              prefill_threads=None if own else PREFILL_THREADS, budget=FRAMES)
         yield frame(view, record, baselines, None, "starting: prefill ...", record=None, lanes=lanes_placeholder())
         yield from _engine_frames(stream, view, record, baselines, reading)
     except InvalidInput as e:

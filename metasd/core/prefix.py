@@ -1,0 +1,86 @@
+"""Prompt passes kept for the next request with the same prompt (a class running the page's examples).
+
+A server's shared rounds (metasd.core.batch.Rounds) prefill each joining request alone, and on a CPU the
+prompt's pass is most of the wait for a first token: 0.3-0.6 s for a page example on the offline preset.
+When a class runs the same few examples, each distinct prompt is read once; the next request with the same
+ids takes a copy of the keys and values (and of the few logits its drafters are seeded from) instead of
+running the pass again. The copy is the pass's own output, so the request's cache holds exactly the bits
+its own pass would have written: greedy outputs stay the target's, sampled ones keep their distribution.
+
+Bounded in bytes, least recently used first out. Not used by the CLI or the benchmarks (they time prefill),
+nor for white-box drafters (they read the pass's hidden states, which are not kept).
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import OrderedDict
+from dataclasses import dataclass
+
+import torch
+from transformers import DynamicCache
+from transformers.cache_utils import DynamicLayer
+
+
+@dataclass(frozen=True)
+class Prefix:
+    """One prompt's pass: per layer (keys, values), and the logits of its last `keep` rows."""
+
+    layers: tuple[tuple[torch.Tensor, torch.Tensor], ...]
+    logits: torch.Tensor
+
+    @property
+    def nbytes(self) -> int:
+        return self.logits.nbytes + sum(k.nbytes + v.nbytes for k, v in self.layers)
+
+
+class PrefixStore:
+    """Prompt passes by (prompt ids, rows of logits kept), at most `max_bytes` of them."""
+
+    def __init__(self, max_bytes: int):
+        self.max_bytes = max_bytes
+        self._items: OrderedDict[tuple, Prefix] = OrderedDict()
+        self._lock = threading.Lock()
+        self.hits = self.misses = 0
+
+    @property
+    def nbytes(self) -> int:
+        with self._lock:
+            return sum(p.nbytes for p in self._items.values())
+
+    def __len__(self) -> int:
+        return len(self._items)
+
+    @staticmethod
+    def fits(cache: DynamicCache) -> bool:
+        """Whether `cache` is one this store can fill and keep: plain growing layers (no sliding windows)."""
+        return all(type(lay) is DynamicLayer for lay in cache.layers)
+
+    def take(self, ids: list[int], keep: int, cache: DynamicCache) -> torch.Tensor | None:
+        """Fill the empty `cache` with the kept pass over `ids` and return its logits ([keep, vocab]); None
+        (cache untouched) when this prompt was not kept."""
+        key = (tuple(ids), keep)
+        with self._lock:
+            p = self._items.get(key)
+            if p is None:
+                self.misses += 1
+                return None
+            self._items.move_to_end(key)
+            self.hits += 1
+        for i, (k, v) in enumerate(p.layers):  # update concatenates: the request's cache gets its own copy
+            cache.update(k, v, i)
+        return p.logits.clone()
+
+    def keep(self, ids: list[int], keep: int, cache: DynamicCache, logits: torch.Tensor) -> None:
+        """Keep the pass that just filled `cache` over `ids` (its logits: the last `keep` rows)."""
+        layers = tuple((lay.keys.clone(), lay.values.clone()) for lay in cache.layers)
+        p = Prefix(layers, logits.detach().clone())
+        if p.nbytes > self.max_bytes:
+            return
+        with self._lock:
+            self._items[(tuple(ids), keep)] = p
+            self._items.move_to_end((tuple(ids), keep))
+            total = sum(q.nbytes for q in self._items.values())
+            while total > self.max_bytes:
+                _, old = self._items.popitem(last=False)
+                total -= old.nbytes
