@@ -363,17 +363,18 @@ def test_load_users_command():
     """The class-at-once measurement, as BENCHMARKS.md runs it, with two users and a few tokens."""
     cmds = commands_of(("scripts/load_users.py", None), "benchmarks")
     assert [flags(c) for c in cmds] == [["--batching", "--max-new-tokens", "--users"],
+                                        ["--batching", "--distinct", "--max-new-tokens", "--users"],
                                         ["--engine-only", "--max-new-tokens", "--users"]], cmds
-    cmd = cmds[0]
+    cmd = cmds[1]  # every flag of the first two: each user on a prompt of its own
     p = ok(run([program(cmd), "scripts/load_users.py", "--users", "2", "--max-new-tokens", "8", "--prompts", "2",
-                "--timeout", "120", "--batching", "on"], timeout=280))
+                "--timeout", "120", "--batching", "on", "--distinct"], timeout=280))
     rows = [line for line in p.stdout.splitlines() if line.startswith("| 2 | on |")]
     assert len(rows) == 1, p.stdout
     cells = [c.strip() for c in rows[0].strip("|").split("|")]
     assert cells[5] == "2 / 0 / 0", rows[0]  # both served, nobody told to wait or turned away
     assert cells[7] == "2 of 2", rows[0]  # each answer is its solo answer
     assert cells[-1] == "0", rows[0]  # no errors
-    p = ok(run([program(cmds[1]), "scripts/load_users.py", "--users", "2", "--max-new-tokens", "8", "--prompts", "2",
+    p = ok(run([program(cmds[2]), "scripts/load_users.py", "--users", "2", "--max-new-tokens", "8", "--prompts", "2",
                 "--engine-only"], timeout=280))
     rows = [line for line in p.stdout.splitlines() if line.startswith("| 2 | engine only |")]
     assert len(rows) == 1 and "| 2 of 2 |" in rows[0], p.stdout  # the same answers on the engine alone
