@@ -49,6 +49,20 @@ def test_line_reports_places_and_refuses_past_capacity():
     assert next(line.wait(b)).place == 1
 
 
+def test_runs_that_join_together_take_the_free_slots_without_being_told_a_place():
+    """Three slots, one taken: the first two of four joiners start at once, whoever of them asks first; the other
+    two are told places 1 and 2 (a class pressing Run together sees no "in line" while slots are free)."""
+    line = FairSlots(3)
+    line.acquire()
+    a, b, c, d = (line.join(k) for k in "abcd")
+    assert list(line.wait(b)) == [] and b.admitted_at is not None  # b asked before a: there is a slot for both
+    assert list(line.wait(a)) == [] and a.admitted_at is not None
+    assert next(line.wait(d)).place == 2 and next(line.wait(c)).place == 1
+    line.release(a)
+    assert next(line.wait(d)).place == 2  # in order: the freed slot is c's
+    assert list(line.wait(c)) == []
+
+
 def test_stop_while_waiting_leaves_the_line_at_once():
     line = FairSlots(1)
     line.acquire()

@@ -334,10 +334,13 @@ class FairSlots:
             self._admit(me)
 
     def _admissible(self, t: Ticket) -> bool:
-        return self._queue[0] is t and self._busy < self._n
+        # In order: a ticket takes a slot when there is one for it and for everyone ahead of it. (Only the first
+        # one would tell runs that join together their place for a moment, though a slot waits for each.)
+        free = self._n - self._busy
+        return free > 0 and t in self._queue and self._queue.index(t) < free
 
     def _admit(self, t: Ticket) -> None:
-        self._queue.popleft()
+        self._queue.remove(t)
         self._busy += 1
         t.admitted_at = time.perf_counter()
         self._cv.notify_all()  # the next in line may take another free slot
