@@ -287,7 +287,9 @@ def test_a_class_on_the_same_prompts_reads_each_prompt_once_and_gets_its_solo_ou
     reqs = [prepare(bundle, p, **kw(i)) for i, p in enumerate(prompts)]
     streams = [rounds.submit(r, steps(r, None)) for r in reqs]
     assert [_emitted(s) for s in streams] == solo
-    assert (store.misses, store.hits, len(store)) == (3, 5, 3)  # each distinct prompt read once
+    # Each distinct prompt read once: 3 passes kept, the 5 repeats took them. (The first request may start before
+    # the others join; alone, it reads its prompt without asking the store, so 2 or 3 asked in vain.)
+    assert store.hits == 5 and len(store) == 3 and store.misses in (2, 3)
     assert sum(r.prefill_reused for r in reqs) == 5
 
     # The kept pass is the bits of a fresh one.
