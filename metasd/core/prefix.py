@@ -77,9 +77,10 @@ class PrefixStore:
         p = Prefix(layers, logits.detach().clone())
         if p.nbytes > self.max_bytes:
             return
+        key = (tuple(ids), keep)
         with self._lock:
-            self._items[(tuple(ids), keep)] = p
-            self._items.move_to_end((tuple(ids), keep))
+            self._items[key] = p
+            self._items.move_to_end(key)
             total = sum(q.nbytes for q in self._items.values())
             while total > self.max_bytes:
                 _, old = self._items.popitem(last=False)

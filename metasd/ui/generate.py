@@ -359,14 +359,13 @@ def measure_baseline(record: RunRecord | None, baselines: dict | None, auto: boo
     if key not in baselines and not forced and key in _MEASURED:  # another session timed this prompt already
         shared = _MEASURED[key]
         baselines[key] = {**shared, "note": shared["note"].replace("in this session", "on this server")}
-    if key not in baselines and not forced and MODEL.waiting:
-        # Others wait for the model: their runs go first; this timing only on demand.
-        return stats(_record_view(record), record, baselines, f"Target alone not timed now: {MODEL.waiting} "
-                     "runs wait for the model. Press “Measure target alone” later."), baselines
-    if key not in baselines and not forced and ROUNDS is not None and MODEL.running:
-        # Others share the model's passes: a timing beside them would slow them and be unfair to the target.
-        return stats(_record_view(record), record, baselines, f"Target alone not timed now: {MODEL.running} "
-                     "runs share the model. Press “Measure target alone” later."), baselines
+    # Others wait for the model (their runs go first), or share its passes (a timing beside them would slow them
+    # and be unfair to the target): this timing only on demand.
+    busy = (f"{MODEL.waiting} runs wait for the model" if MODEL.waiting else
+            f"{MODEL.running} runs share the model" if ROUNDS is not None and MODEL.running else "")
+    if key not in baselines and not forced and busy:
+        return stats(_record_view(record), record, baselines,
+                     f"Target alone not timed now: {busy}. Press “Measure target alone” later."), baselines
     if key not in baselines or forced:
         bundle = bundle_for(record.preset)
         try:
