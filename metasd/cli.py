@@ -1,6 +1,8 @@
 """Command line: `python -m metasd generate | bench | drafters ...` (docs/DESIGN.md §3).
 
-Plugin drafters: the modules named in `METASD_PLUGINS` are imported first (metasd.drafting.registry)."""
+Plugin drafters: the modules named in `METASD_PLUGINS` are imported first (metasd.drafting.registry).
+torch and transformers are imported by the commands that need them, so that `--help`, a bad flag and
+`replay` answer at once."""
 
 from __future__ import annotations
 
@@ -13,16 +15,12 @@ import time
 from pathlib import Path
 from typing import Any
 
-from metasd.benchmark.bench import add_bench_args, add_priors_args, cmd_priors
+from metasd.benchmark.args import add_bench_args, add_priors_args
 from metasd.core import defaults
-from metasd.core.engine import generate
 from metasd.core.events import Summary
-from metasd.core.lanes import lanes_for
 from metasd.core.runfile import MAX_BYTES, parse_run, run_document
-from metasd.core.validation import InvalidInput
-from metasd.drafting.catalog import describe, measure_costs, save_costs
+from metasd.core.validation import InvalidInput, clean_prompt, validate_settings
 from metasd.drafting.registry import load_plugins, registered
-from metasd.models.loading import load_bundle
 from metasd.models.presets import DEFAULT_PRESET, PRESETS
 
 # A distinct terminal colour per drafter (cycled); the target's own tokens stay plain.
@@ -67,7 +65,25 @@ def _render_round(ev: Any, colours: dict[str, str], show_rejected: bool) -> str:
     return "".join(out)
 
 
+def precheck_generate(a: argparse.Namespace) -> None:
+    """The checks that need no model, before loading one: a bad prompt or setting fails in a moment.
+    The preset's drafters and the registered ones are a superset of what the loaded bundle offers, so
+    this refuses nothing the engine's own check (after loading) would accept."""
+    if a.preset not in PRESETS:
+        raise InvalidInput(f"unknown preset {a.preset!r}; choose one of {', '.join(PRESETS)}")
+    preset = PRESETS[a.preset]
+    clean_prompt(a.prompt)
+    validate_settings([*preset.drafter_names, *(n for n in registered() if n not in preset.drafter_names)],
+                      drafters=a.drafters, policy=a.policy, reward=a.reward,
+                      gamma=preset.gamma if a.gamma is None else a.gamma, max_new_tokens=a.max_new_tokens,
+                      temperature=a.temperature, top_p=a.top_p, top_k=a.top_k, seed=a.seed)
+
+
 def cmd_generate(a: argparse.Namespace) -> int:
+    precheck_generate(a)
+    from metasd.core.engine import generate
+    from metasd.models.loading import load_bundle
+
     bundle = load_bundle(a.preset, device=a.device, dtype=a.dtype)
     events = generate(
         bundle, a.prompt, drafters=a.drafters, policy=a.policy, reward=a.reward,
@@ -105,6 +121,7 @@ def json_document(a: argparse.Namespace, bundle: Any, rounds: list[Any], summary
     """`generate --json`'s one object: a run file, the --json contract plus what `replay` needs
     (metasd.core.runfile). A new field of the output goes here."""
     # Deferred on purpose: the view module pulls in plotly, which only --json's colours need.
+    from metasd.core.lanes import lanes_for
     from metasd.ui.viz import drafter_colors
 
     return run_document(a.prompt, rounds, summary, preset=bundle.preset.name, target=bundle.preset.target,
@@ -134,9 +151,13 @@ def cmd_drafters(a: argparse.Namespace) -> int:
     registered ones."""
     if a.preset not in PRESETS:
         raise InvalidInput(f"unknown preset {a.preset!r}; choose one of {', '.join(PRESETS)}")
+    from metasd.drafting.catalog import describe, measure_costs, save_costs
+
     preset = PRESETS[a.preset]
     costs = None
     if a.measure:
+        from metasd.models.loading import load_bundle
+
         bundle = load_bundle(preset)
         costs, detail = measure_costs(bundle, list(bundle.specs), progress=lambda m: print(m, file=sys.stderr))
         if a.save:
@@ -223,9 +244,9 @@ def main(argv: list[str] | None = None) -> int:
             return cmd_drafters(a)
         if a.command == "replay":
             return cmd_replay(a)
-        if a.command == "priors":
-            return cmd_priors(a)
-        return a.func(a)
+        from metasd.benchmark import bench  # the runner: torch, transformers, pandas
+
+        return bench.cmd_priors(a) if a.command == "priors" else bench.cmd_bench(a)
     except InvalidInput as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

@@ -180,8 +180,8 @@ def test_lanes_view(bundle):
     assert list(grid.columns) == ["prompt", "task", *got] and grid.iloc[0, 2].endswith(tuple(viz._THIRDS))
 
 
-@pytest.mark.skipif(not (Path.home() / ".cache" / "metasd").exists(), reason="needs the converted offline model")
-def test_generate_json_writes_lanes():
+@pytest.mark.offline_model
+def test_generate_json_writes_lanes(offline):  # the fixture converts the offline model once, if it is not yet
     env = {**os.environ, "PYTHONPATH": str(ROOT), "TOKENIZERS_PARALLELISM": "false"}
     p = subprocess.run([sys.executable, "-m", "metasd", "generate", "What is 12 times 7?", "--max-new-tokens", "12",
                         "--json"], capture_output=True, text=True, env=env, cwd=ROOT, timeout=600)

@@ -197,3 +197,26 @@ def test_one_set_of_request_defaults():
     assert PAGE_POLICY == defaults.POLICY
     help_text = parser._subparsers._group_actions[0].choices["generate"].format_help()
     assert " ".join(defaults.describe().split()) in " ".join(help_text.split())
+
+
+def test_commands_that_need_no_model_import_neither_torch_nor_transformers():
+    """`--help`, a refused `generate` and `replay` answer in a moment: they must not pull in the model stack
+    (about 10 s of imports on a 2-core machine). The bad prompt and setting are refused before any loading."""
+    import os
+    import subprocess
+    import sys
+
+    code = (
+        "import sys\n"
+        "from metasd.cli import main\n"
+        "try:\n    main(['--help'])\nexcept SystemExit:\n    pass\n"
+        "codes = [main(['generate', '']), main(['generate', 'hi', '--gamma', '0']),\n"
+        "         main(['generate', 'hi', '--drafters', 'nope']), main(['replay', sys.argv[1], '--speed', '0'])]\n"
+        "print(codes, sorted(m for m in ('torch', 'transformers', 'gradio', 'pandas') if m in sys.modules))\n"
+    )
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    p = subprocess.run([sys.executable, "-c", code, str(ROOT / "assets" / "runs" / "ex-chat-1.json")],
+                       capture_output=True, text=True, env=env, cwd=ROOT, timeout=120)
+    assert p.returncode == 0, p.stderr[-2000:]
+    assert p.stdout.strip().splitlines()[-1] == "[2, 2, 2, 0] []", p.stdout[-500:]
+    assert "the prompt is empty" in p.stderr and "gamma must be between" in p.stderr and "'nope'" in p.stderr

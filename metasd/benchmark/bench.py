@@ -36,14 +36,15 @@ import transformers
 from tqdm.auto import tqdm
 
 from metasd import paths
-from metasd.bandits.policies import POLICIES, single_drafter, single_method
+from metasd.bandits.policies import POLICIES, single_drafter
 from metasd.bandits.priors import DEFAULT_WEIGHT, PRIOR_REWARDS, PRIORS_DIR, PRIORS_FORMAT
+from metasd.benchmark.args import default_methods, method_help
 from metasd.benchmark.tables import BenchResult, summarize, summary_markdown
 from metasd.core.engine import encode_prompt, run, target_greedy
 from metasd.core.events import RoundEvent
 from metasd.core.validation import REWARDS, InvalidInput, clean_prompt, first_per_category, parse_prompt_set
 from metasd.models.loading import Bundle, load_bundle
-from metasd.models.presets import DEFAULT_PRESET, PRESETS
+from metasd.models.presets import PRESETS
 
 EXAMPLES_FILE = paths.EXAMPLES_FILE
 BENCH_FILE_MAX_BYTES = 200_000_000  # a local prompts file (Spec-Bench's is 0.7 MB)
@@ -82,18 +83,6 @@ class Method:
     @property
     def single(self) -> bool:
         return self.kind == "engine" and single_drafter(self.policy) is not None
-
-
-def default_methods(drafter_names: Sequence[str]) -> list[str]:
-    return ["baseline", "hf-pld", *map(single_method, drafter_names), "metasd-ucb", "metasd-ucb-cost", "metasd-tree",
-            "oracle"]
-
-
-def method_help() -> str:
-    return (f"comma-separated, from: baseline, hf-pld[:N], hf-assisted:<model drafter>, single:<drafter>, "
-            f"<policy>[/<reward>][+<drafter>...][@cold] with policy in {', '.join(POLICIES)} and reward in "
-            f"{', '.join(REWARDS)} (+<drafter>: an arm besides the preset's default ones; @cold: without the preset's "
-            "informed priors), oracle")
 
 
 def parse_methods(spec: str | Sequence[str] | None, drafter_names: Sequence[str], model_drafters: Sequence[str],
@@ -485,35 +474,6 @@ def write_outputs(result: BenchResult, out_dir: str | Path, html: bool = True) -
 # Command line
 
 
-def add_bench_args(sub: argparse._SubParsersAction) -> None:
-    b = sub.add_parser("bench", help="benchmark methods side by side on Spec-Bench-style prompts")
-    b.add_argument("--prompts", required=True,
-                   help="JSONL with question_id, category, turns (Spec-Bench's format), or `examples`: the page's own")
-    b.add_argument("--categories", default=None, help="comma-separated categories (default: all in the file)")
-    b.add_argument("--per-category", type=int, default=3, help="first N prompts of each category (0: all; default 3)")
-    b.add_argument("--max-new-tokens", type=int, default=128)
-    b.add_argument("--methods", default=None, help=method_help() + "; default: "
-                   + ", ".join(default_methods(["<drafter>"])).replace("single:<drafter>", "every single:<drafter>"))
-    b.add_argument("--out", required=True, help="output folder (results.csv, summary.md, report.html, ...)")
-    b.add_argument("--preset", default=DEFAULT_PRESET, help=f"one of {', '.join(PRESETS)}")
-    b.add_argument("--device", default=None, help="override the preset's device (cpu, cuda, ...)")
-    b.add_argument("--dtype", default=None, help="override the preset's dtype")
-    b.add_argument("--gamma", type=int, default=None, help="draft length of our engine (default: the preset's)")
-    b.add_argument("--reward", default="bd", help="reward of policies named without /<reward>: bd, be or throughput")
-    b.add_argument("--seed", type=int, default=0)
-    b.add_argument("--no-chat-template", action="store_true", help="feed prompts as plain text")
-    b.add_argument("--no-warmup", action="store_true", help="skip the unmeasured warm-up run of each method")
-    b.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
-    b.add_argument("--repeats", type=int, default=1,
-                   help="run each prompt's methods N times (interleaved) and keep each method's fastest run")
-    b.add_argument("--quiet", action="store_true", help="no progress bar")
-    b.add_argument("--cold", action="store_true",
-                   help="every engine method starts cold (no informed priors); per method: <method>@cold")
-    b.add_argument("--spec-bench-tasks", action="store_true",
-                   help="group MT-Bench's eight sub-categories into one, mt_bench: Spec-Bench's six tasks")
-    b.set_defaults(func=cmd_bench)
-
-
 def cmd_bench(a: argparse.Namespace) -> int:
     if a.max_new_tokens < 1 or a.max_new_tokens > 4096:
         raise InvalidInput(f"max_new_tokens must be between 1 and 4096, got {a.max_new_tokens}")
@@ -573,18 +533,6 @@ def measure_priors(bundle: Bundle, prompts: list[Prompt], max_new_tokens: int, w
         "meta": {"prompts": [str(p.question_id) for p in prompts], "max_new_tokens": max_new_tokens,
                  "date": time.strftime("%Y-%m-%d"), "command": " ".join(["python -m metasd priors", *sys.argv[2:]])},
     }
-
-
-def add_priors_args(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("priors", help="measure a preset's informed priors (assets/priors/<preset>.json)")
-    p.add_argument("--preset", default=DEFAULT_PRESET)
-    p.add_argument("--prompts", required=True, help="Spec-Bench JSONL (question_id, category, turns)")
-    p.add_argument("--skip-per-category", type=int, default=3,
-                   help="leave out the first N of each category: the benchmark's default subset (default: %(default)s)")
-    p.add_argument("--per-category", type=int, default=2, help="prompts per category after those (default: %(default)s)")
-    p.add_argument("--max-new-tokens", type=int, default=64, help="default: %(default)s")
-    p.add_argument("--weight", type=float, default=DEFAULT_WEIGHT, help="pseudo-rounds per arm (default: %(default)s)")
-    p.add_argument("--out", default=None, help="default: assets/priors/<preset>.json")
 
 
 def cmd_priors(a: argparse.Namespace) -> int:

@@ -15,9 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from transformers import DynamicCache
 
-from metasd.core.engine import run
 from metasd.drafting.files import drafter_path, parameter_count
 from metasd.drafting.registry import kind_by_name, kind_of  # noqa: F401 (kind_by_name: the family a name reports)
 from metasd.models.presets import DrafterSpec, Preset
@@ -77,6 +75,8 @@ def save_costs(preset: str, c: dict[str, float], detail: dict[str, Any]) -> None
 @torch.inference_mode()
 def target_step_ms(bundle, ctx: int = 200, steps: int = 8) -> float:
     """Median time of one single-token target step with `ctx` tokens in its cache."""
+    from transformers import DynamicCache  # here: listing drafters needs no transformers (a fast `drafters`)
+
     m = bundle.target
     ids = torch.randint(0, bundle.tokenizer_vocab, (1, ctx + steps), device=bundle.device)
     cache = DynamicCache(config=m.config)
@@ -94,6 +94,8 @@ def measure_costs(bundle, names: list[str], max_new_tokens: int = 48, progress=p
                   prompts: tuple[str | list[int], ...] = COST_PROMPTS) -> tuple[dict[str, float], dict]:
     """c per drafter: its drafting time per drafted token, alone in the engine on COST_PROMPTS, over the
     target's one-token step; the target is timed between drafters so that machine load hits both alike."""
+    from metasd.core.engine import run
+
     c: dict[str, float] = {}
     ms: dict[str, float] = {}
     steps: list[float] = [target_step_ms(bundle)]
