@@ -127,12 +127,14 @@ def test_page_streams_coloured_tokens_and_plots(page):
     assert [t.split()[-2:] for t in legend.all_inner_texts()] == [[n, kind_by_name(n)] for n in names]
     looks = page.eval_on_selector_all(
         "#tokens .tok.acc", "els => els.map(e => { const s = getComputedStyle(e); "
-        "return [e.dataset.drafter, s.backgroundColor, s.textDecorationLine, s.textDecorationStyle]; })")
+        "return [e.dataset.drafter, s.backgroundColor, s.textDecorationLine, "
+        "[s.textDecorationStyle, s.textDecorationThickness, s.textUnderlineOffset].join(' ')]; })")
     assert looks and all(bg not in ("rgba(0, 0, 0, 0)", "transparent") for _, bg, _, _ in looks)
     assert all("underline" in line for _, _, line, _ in looks), "accepted tokens are underlined"
     per_drafter = {d: (bg, style) for d, bg, _, style in looks}
     assert len({bg for bg, _ in per_drafter.values()}) == len(per_drafter), "each drafter has its own colour"
-    assert len({st for _, st in per_drafter.values()}) == len(per_drafter), "... and its own underline style"
+    # ... and its own underline: style, thickness and offset (tests/test_viz.py checks every preset's drafters)
+    assert len({st for _, st in per_drafter.values()}) == len(per_drafter), "... and its own underline"
     target_bg = page.eval_on_selector("#tokens .tok.tgt", "e => getComputedStyle(e).backgroundColor")
     assert target_bg in ("rgba(0, 0, 0, 0)", "transparent"), "target tokens are neutral"
     hover = page.eval_on_selector("#tokens .tok.acc", "e => e.title")

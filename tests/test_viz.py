@@ -331,3 +331,23 @@ def test_a_streams_text_views_are_sent_again_unchanged_and_its_figures_skipped()
     third = fill(Frame(tokens="<p>abc</p>", stats="round 3"))
     assert (third.stats, third.text) == ("round 3", "ab")
     assert Unchanged()(Frame(tokens="x")).stats is SKIP  # nothing sent yet: nothing to send again
+
+
+def test_every_drafter_of_a_preset_has_its_own_underline_and_the_stylesheet_draws_it():
+    """The underline is the second channel besides colour: no two drafters of one preset may share it (with
+    five looks, the offline page's default arms math-drafter and chat-drafter looked like prompt lookup and
+    token recycling), and each look is a rule of the page's stylesheet."""
+    import re
+
+    from metasd.models.presets import PRESETS
+    from metasd.paths import ROOT
+
+    css = (ROOT / "assets" / "style.css").read_text(encoding="utf-8")
+    rules = dict(re.findall(r"\.u-([\w-]+) \{([^}]*)\}", css))
+    assert set(viz.UNDERLINES) <= set(rules), set(viz.UNDERLINES) - set(rules)
+    assert len({rules[u].strip() for u in viz.UNDERLINES}) == len(viz.UNDERLINES), "two looks draw the same line"
+    for preset in PRESETS.values():
+        colors = viz.drafter_colors(preset.drafter_names)
+        looks = [viz.underline_of(colors, n) for n in preset.drafter_names]
+        assert len(set(looks)) == len(looks), (preset.name, looks)
+        assert len({(colors[n], u) for n, u in zip(preset.drafter_names, looks, strict=True)}) == len(looks)

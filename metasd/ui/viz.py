@@ -33,7 +33,11 @@ from metasd.drafting.registry import kind_by_name
 # never the only channel: each index also has its own underline style (UNDERLINES) and the name shows
 # on hover.
 PALETTE = ("#0072B2", "#D55E00", "#009E73", "#CC79A7", "#9E7C00", "#56B4E9", "#E69F00", "#000000", "#7A5230")
-UNDERLINES = ("solid", "double", "dotted", "dashed", "wavy")
+# Ten looks (CSS has five styles; thickness and offset make the rest) so that each drafter of a preset with up
+# to ten has its own: with five, the offline page's default arms math-drafter and chat-drafter (indices 5 and
+# 6) looked like prompt lookup and token recycling.
+UNDERLINES = ("solid", "double", "dotted", "dashed", "wavy", "heavy", "heavy-dashed", "heavy-wavy", "far",
+              "far-dotted")
 TARGET_COLOR = "#6B7280"
 FONT = "Inter, ui-sans-serif, system-ui, -apple-system, 'Segoe UI', sans-serif"
 # A compact template (a few hundred bytes): the page re-sends every figure each round, and
