@@ -21,7 +21,7 @@ from metasd.core.events import Summary
 from metasd.core.runfile import MAX_BYTES, parse_run, run_document
 from metasd.core.validation import InvalidInput, clean_prompt, validate_settings
 from metasd.drafting.registry import load_plugins, registered
-from metasd.models.presets import DEFAULT_PRESET, PRESETS
+from metasd.models.presets import DEFAULT_PRESET, PRESETS, get_preset
 
 # A distinct terminal colour per drafter (cycled); the target's own tokens stay plain.
 _COLOURS = ["\033[38;5;39m", "\033[38;5;208m", "\033[38;5;41m", "\033[38;5;170m", "\033[38;5;220m", "\033[38;5;45m"]
@@ -69,9 +69,7 @@ def precheck_generate(a: argparse.Namespace) -> None:
     """The checks that need no model, before loading one: a bad prompt or setting fails in a moment.
     The preset's drafters and the registered ones are a superset of what the loaded bundle offers, so
     this refuses nothing the engine's own check (after loading) would accept."""
-    if a.preset not in PRESETS:
-        raise InvalidInput(f"unknown preset {a.preset!r}; choose one of {', '.join(PRESETS)}")
-    preset = PRESETS[a.preset]
+    preset = get_preset(a.preset)
     clean_prompt(a.prompt)
     validate_settings([*preset.drafter_names, *(n for n in registered() if n not in preset.drafter_names)],
                       drafters=a.drafters, policy=a.policy, reward=a.reward,
@@ -149,11 +147,9 @@ def _size(n: int | None) -> str:
 def cmd_drafters(a: argparse.Namespace) -> int:
     """The preset's drafters from its spec and weight files (no model is loaded unless --measure), then the
     registered ones."""
-    if a.preset not in PRESETS:
-        raise InvalidInput(f"unknown preset {a.preset!r}; choose one of {', '.join(PRESETS)}")
+    preset = get_preset(a.preset)
     from metasd.drafting.catalog import describe, measure_costs, save_costs
 
-    preset = PRESETS[a.preset]
     costs = None
     if a.measure:
         from metasd.models.loading import load_bundle

@@ -44,7 +44,7 @@ from metasd.core.engine import encode_prompt, run, target_greedy
 from metasd.core.events import RoundEvent
 from metasd.core.validation import REWARDS, InvalidInput, clean_prompt, first_per_category, parse_prompt_set
 from metasd.models.loading import Bundle, load_bundle
-from metasd.models.presets import PRESETS
+from metasd.models.presets import get_preset
 
 EXAMPLES_FILE = paths.EXAMPLES_FILE
 BENCH_FILE_MAX_BYTES = 200_000_000  # a local prompts file (Spec-Bench's is 0.7 MB)
@@ -479,12 +479,10 @@ def cmd_bench(a: argparse.Namespace) -> int:
         raise InvalidInput(f"max_new_tokens must be between 1 and 4096, got {a.max_new_tokens}")
     if a.per_category < 0:
         raise InvalidInput(f"per-category must be 0 (all) or more, got {a.per_category}")
-    if a.preset not in PRESETS:
-        raise InvalidInput(f"unknown preset {a.preset!r}; choose one of {', '.join(PRESETS)}")
+    preset = get_preset(a.preset)
     prompts = load_prompts(a.prompts, a.categories, a.per_category or None, a.spec_bench_tasks)
     # Fail fast on the preset's declared drafters (model-free kinds aside, every drafter is a model);
     # the loaded bundle decides in the end (a preset may leave out a drafter whose weights are missing).
-    preset = PRESETS[a.preset]
     free = ("prompt-lookup", "token-recycling", "retrieval")
     parse_methods(a.methods, preset.drafter_names, [d.name for d in preset.drafters if d.kind not in free], a.reward)
     if a.threads is not None:

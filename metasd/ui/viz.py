@@ -171,14 +171,13 @@ def legend_html(colors: Mapping[str, str], used: Iterable[str] | None = None) ->
     """Chips naming each drafter's colour and underline, plus the target's neutral style and a rejected sample."""
     wanted = None if used is None else set(used)  # once: a set per name made the legend quadratic in drafters
     names = [n for n in colors if wanted is None or n in wanted]
-    underline = {n: UNDERLINES[i % len(UNDERLINES)] for i, n in enumerate(colors)}
     chips = []
     for n in names:
         kind = kind_by_name(n)
         label = f'<span class="kind">{_esc(kind)}</span>' if kind else ""
         what = f" ({kind} drafter)" if kind else ""
         chips.append(f'<span class="chip" data-drafter="{_esc(n)}" title="tokens {_esc(n)}{what} proposed and the target '
-                     f'accepted"><span class="swatch acc u-{underline[n]}" style="--c:{colors[n]}">abc</span>'
+                     f'accepted"><span class="swatch acc u-{underline_of(colors, n)}" style="--c:{colors[n]}">abc</span>'
                      f'{_esc(n)}{label}</span>')
     chips.append('<span class="chip" title="tokens the target supplied itself"><span class="swatch tgt">abc</span>'
                  'target (correction / bonus)</span>')
