@@ -83,20 +83,29 @@ def _known(values: Sequence[float], j: int) -> float | None:
     return values[j] if j < len(values) else None
 
 
+def underline_at(index: int) -> str:
+    """The underline style of the preset's drafter number `index` (the looks repeat after ten)."""
+    return UNDERLINES[index % len(UNDERLINES)]
+
+
 def underline_of(colors: Mapping[str, str], name: str) -> str:
     """The drafter's second channel besides colour: an underline style, by its index in the preset."""
-    names = list(colors)
-    return UNDERLINES[names.index(name) % len(UNDERLINES)] if name in colors else "none"
+    return underline_at(list(colors).index(name)) if name in colors else "none"
 
 
-def round_spans(ev: RoundEvent, colors: Mapping[str, str]) -> list[str]:
+def underlines(colors: Mapping[str, str]) -> dict[str, str]:
+    """Every drafter's underline at once, for views that render many rounds (one index pass, not one per round)."""
+    return {n: underline_at(i) for i, n in enumerate(colors)}
+
+
+def round_spans(ev: RoundEvent, colors: Mapping[str, str], looks: Mapping[str, str] | None = None) -> list[str]:
     """The HTML spans of one round, in reading order: accepted, rejected (in place), target token.
 
     The look comes from the page's CSS (assets/style.css): `--c` is the drafter's colour, the `u-*`
     class its underline style; accepted tokens are tinted and underlined, rejected ones struck through.
     """
     c = colors.get(ev.drafter, TARGET_COLOR)
-    u = underline_of(colors, ev.drafter)
+    u = looks.get(ev.drafter, "none") if looks is not None else underline_of(colors, ev.drafter)
     out: list[str] = []
     n_acc = min(ev.accepted, len(ev.emitted))
 
@@ -170,14 +179,15 @@ def tree_budget_note(rounds: Sequence[RoundEvent]) -> str:
 def legend_html(colors: Mapping[str, str], used: Iterable[str] | None = None) -> str:
     """Chips naming each drafter's colour and underline, plus the target's neutral style and a rejected sample."""
     wanted = None if used is None else set(used)  # once: a set per name made the legend quadratic in drafters
-    names = [n for n in colors if wanted is None or n in wanted]
     chips = []
-    for n in names:
+    for i, n in enumerate(colors):  # the index gives the underline: asking underline_of per chip was quadratic
+        if wanted is not None and n not in wanted:
+            continue
         kind = kind_by_name(n)
         label = f'<span class="kind">{_esc(kind)}</span>' if kind else ""
         what = f" ({kind} drafter)" if kind else ""
         chips.append(f'<span class="chip" data-drafter="{_esc(n)}" title="tokens {_esc(n)}{what} proposed and the target '
-                     f'accepted"><span class="swatch acc u-{underline_of(colors, n)}" style="--c:{colors[n]}">abc</span>'
+                     f'accepted"><span class="swatch acc u-{underline_at(i)}" style="--c:{colors[n]}">abc</span>'
                      f'{_esc(n)}{label}</span>')
     chips.append('<span class="chip" title="tokens the target supplied itself"><span class="swatch tgt">abc</span>'
                  'target (correction / bonus)</span>')
@@ -206,8 +216,9 @@ def token_html(rounds: Sequence[RoundEvent], colors: Mapping[str, str], *, show_
     with the `hide-rejected` class on the container, without re-rendering).
     """
     spans: list[str] = []
+    looks = underlines(colors)
     for ev in rounds:
-        spans.extend(s for s in round_spans(ev, colors) if show_rejected or 'class="tok rej"' not in s)
+        spans.extend(s for s in round_spans(ev, colors, looks) if show_rejected or 'class="tok rej"' not in s)
     return _stream_open(colors, legend, placeholder) + "".join(spans) + _stream_close(status)
 
 
@@ -463,6 +474,7 @@ class LiveView:
 
     def __init__(self, colors: Mapping[str, str], drafters: Sequence[str], placeholder: str = ""):
         self.colors = dict(colors)
+        self._looks = underlines(self.colors)
         self.tally = DrafterTally(drafters)
         self.rounds: list[RoundEvent] = []
         self.summary: Summary | None = None
@@ -486,7 +498,7 @@ class LiveView:
             self._probs = {n: [] for n in ev.probabilities}
             self._pulled = {n: [] for n in ev.probabilities}
         self.rounds.append(ev)
-        self._html += "".join(round_spans(ev, self.colors))
+        self._html += "".join(round_spans(ev, self.colors, self._looks))
         self._text.extend(ev.emitted_text)
         self._x.append(ev.round)
         shares = arm_shares(ev)
