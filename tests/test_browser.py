@@ -79,6 +79,17 @@ def check_lanes(page, root: str, names: list[str], tokens: int | None = None) ->
     assert re.search(r"token 1 .*: [01]\.\d\d", tip) and any(tip.startswith(n) for n in names), tip
     shown = page.evaluate(f"() => getComputedStyle(document.querySelector('{root} tr[data-drafter] td'), '::after').content")
     assert "token 1" in shown, shown
+    # One tab stop for all the cells; the arrow keys walk them, the stop moving along with the focus.
+    assert page.locator(f"{root} td[tabindex='0']").count() == 1
+    if tokens is None or tokens > 1:
+        page.keyboard.press("ArrowRight")
+        assert "token 2 " in page.evaluate("() => document.activeElement.getAttribute('aria-label')")
+    if len(names) > 1:
+        page.keyboard.press("ArrowDown")
+        label = page.evaluate("() => document.activeElement.getAttribute('aria-label')")
+        second = page.locator(f"{root} tr[data-drafter]").nth(1).get_attribute("data-drafter")
+        assert label.startswith(second), label
+    assert page.locator(f"{root} td[tabindex='0']").count() == 1
 
 
 def wait_idle(page, timeout_ms: int = 180_000) -> None:

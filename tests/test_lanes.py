@@ -173,7 +173,8 @@ def test_lanes_view(bundle):
     assert html.count("<td ") == len(got) * s.new_tokens
     assert html.count('class="b ') >= len(got)  # round boundaries
     assert " p\"" in html or 'class="p"' in html  # the pulled drafter
-    assert "aria-label=" in html and 'tabindex="0"' in html
+    # Every cell labelled; one tab stop for the scroll region and one for the cells (the arrow keys move inside).
+    assert html.count("aria-label=") == len(got) * s.new_tokens + 1 and html.count('tabindex="0"') == 2
     assert viz.lanes_html(rounds[:1], got, colors).count("<td ") == len(got) * len(rounds[0].emitted)
     assert "no lanes" in viz.lanes_html([], {}, {}, empty="no lanes")
     grid = viz.lane_grid([{"question_id": "q", "category": "math", "lanes": got}], list(got))

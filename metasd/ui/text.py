@@ -25,7 +25,7 @@ HOW_TO_READ = """
   token) or empty. Read along a row to see *where* a drafter is right: prompt lookup on copied spans, a math
   drafter on arithmetic. The outlined cells are the drafter the bandit actually pulled in that round, a dark
   rule starts each round, and the percentage is the share of the answer the drafter would have drafted. Hover
-  or Tab to a cell for drafter, token and number. With full-information feedback they fill in live; otherwise
+  a cell for drafter, token and number, or Tab to the lanes and move with the arrow keys. With full-information feedback they fill in live; otherwise
   they come a moment after the answer ends (one teacher-forced pass per model drafter), never slowing it.
 """
 
@@ -106,4 +106,22 @@ document.addEventListener("keydown", (e) => {
   }
   else if (e.key === "Escape") { click("stop"); }
 }, true);
+// Drafter lanes: one tab stop per table; the arrow keys, Home and End move the focus (and the stop) between its
+// cells, whose labels say drafter, token and number.
+document.addEventListener("keydown", (e) => {
+  const cell = e.target.closest && e.target.closest(".lanes td");
+  if (!cell) return;
+  const row = cell.parentElement, rows = [...row.parentElement.rows], col = [...row.cells].indexOf(cell);
+  const r = rows.indexOf(row);
+  const moves = {ArrowRight: row.cells[col + 1], ArrowLeft: row.cells[col - 1], Home: row.cells[1],
+                 End: row.cells[row.cells.length - 1], ArrowDown: rows[r + 1] && rows[r + 1].cells[col],
+                 ArrowUp: rows[r - 1] && rows[r - 1].cells[col]};
+  if (!(e.key in moves)) return;
+  e.preventDefault();
+  const next = moves[e.key];
+  if (!next || next.tagName !== "TD") return;
+  cell.setAttribute("tabindex", "-1");
+  next.setAttribute("tabindex", "0");
+  next.focus();
+});
 </script>"""

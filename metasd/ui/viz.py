@@ -688,6 +688,9 @@ _LANES_CSS = (
 )
 
 
+_FIRST_STOP = ' tabindex="0"'
+
+
 def _lane_tip(name: str, piece: str, j: int, v: float, pulled: str, rnd: int) -> str:
     was = "pulled this round" if pulled == name else f"{pulled} was pulled"
     return f"{name}, token {j + 1} \u201c{_visible(piece)}\u201d: {v:.2f} ({was}, round {rnd})"
@@ -719,16 +722,18 @@ def lanes_html(rounds: Sequence[RoundEvent], lanes: Mapping[str, Sequence[float]
     rows = []
     for d in names:
         lane = lanes[d]
+        # One tab stop per table (its first cell), not one per cell: 512 tokens of ten drafters were 5,120 stops
+        # between a keyboard user and the rest of the page. The arrow keys move between cells (text.HEAD).
         cells = "".join(
-            f'<td tabindex="0" class="{"b " if start else ""}{"p" if who == d else ""}" style="--v:{lane[j]:.3f}" '
-            f'aria-label="{_esc(_lane_tip(d, piece, j, lane[j], who, rnd))}"></td>'
+            f'<td{_FIRST_STOP if d == names[0] and j == 0 else ""} class="{"b " if start else ""}{"p" if who == d else ""}"'
+            f' style="--v:{lane[j]:.3f}" aria-label="{_esc(_lane_tip(d, piece, j, lane[j], who, rnd))}"></td>'
             for j, (piece, who, rnd, start) in enumerate(meta[:n]))
         share = sum(lane[:n]) / n
         rows.append(f'<tr data-drafter="{_esc(d)}" style="--c:{colors.get(d, TARGET_COLOR)}"><th scope="row">'
                     f'{_esc(d)} <span class="share">{share:.0%}</span></th>{cells}</tr>')
     key = ("fill = the drafter's acceptance probability at each token, given the true text before it \u00b7 "
            "outlined = pulled \u00b7 dark rule = a round's start \u00b7 % = share it would have drafted \u00b7 "
-           "hover or Tab to a cell")
+           "hover a cell, or Tab to the first and move with the arrow keys")
     return (_LANES_CSS + f'<div class="lanes-view"><p class="lanes-key"><b>{_esc(title)}</b> \u00b7 {_esc(key)}</p>'
             f'<div class="lanes-scroll" tabindex="0" role="region" aria-label="{_esc(title)}: one row per drafter">'
             f'<table class="lanes"><thead><tr><th scope="row">token</th>{head}</tr></thead><tbody>{"".join(rows)}'
