@@ -25,8 +25,9 @@ HOW_TO_READ = """
   token) or empty. Read along a row to see *where* a drafter is right: prompt lookup on copied spans, a math
   drafter on arithmetic. The outlined cells are the drafter the bandit actually pulled in that round, a dark
   rule starts each round, and the percentage is the share of the answer the drafter would have drafted. Hover
-  a cell for drafter, token and number, or Tab to the lanes and move with the arrow keys. With full-information feedback they fill in live; otherwise
-  they come a moment after the answer ends (one teacher-forced pass per model drafter), never slowing it.
+  a cell for drafter, token and number, or Tab to the lanes and move with the arrow keys. With full-information
+  feedback they fill in live; otherwise they come a moment after the answer ends (one teacher-forced pass per
+  model drafter), never slowing it.
 """
 
 EXPLAIN = r"""
