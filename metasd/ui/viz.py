@@ -691,9 +691,17 @@ _LANES_CSS = (
 _FIRST_STOP = ' tabindex="0"'
 
 
+def _cell_class(start: bool, pulled: bool) -> str:
+    """A lane cell's class attribute: b at a round's start, p where its drafter was pulled; none when neither."""
+    c = " ".join(x for x, on in (("b", start), ("p", pulled)) if on)
+    return f' class="{c}"' if c else ""
+
+
 def _lane_tip(name: str, piece: str, j: int, v: float, pulled: str, rnd: int) -> str:
-    was = "pulled this round" if pulled == name else f"{pulled} was pulled"
-    return f"{name}, token {j + 1} \u201c{_visible(piece)}\u201d: {v:.2f} ({was}, round {rnd})"
+    # Which drafter was pulled at a token is the same down its column (the column header's title says it); a
+    # cell names it only where it is the cell's own drafter: the label is most of a cell's bytes.
+    was = ", pulled" if pulled == name else ""
+    return f"{name}, token {j + 1} \u201c{_visible(piece)}\u201d: {v:.2f} (round {rnd}{was})"
 
 
 def _token_meta(rounds: Sequence[RoundEvent]) -> list[tuple[str, str, int, bool]]:
@@ -716,7 +724,7 @@ def lanes_html(rounds: Sequence[RoundEvent], lanes: Mapping[str, Sequence[float]
     if not meta or not names:
         return _LANES_CSS + f'<div class="lanes-view"><p class="lanes-key">{_esc(empty)}</p></div>'
     n = min(len(meta), min(len(lanes[d]) for d in names))
-    head = "".join(f'<th scope="col" class="{"b" if start else ""}" style="--c:{colors.get(who, TARGET_COLOR)}" '
+    head = "".join(f'<th scope="col"{_cell_class(start, False)} style="--c:{colors.get(who, TARGET_COLOR)}" '
                    f'title="{_esc(f"token {j + 1}, round {rnd}: {who} pulled")}">{_esc(_visible(piece))}</th>'
                    for j, (piece, who, rnd, start) in enumerate(meta[:n]))
     rows = []
@@ -725,7 +733,7 @@ def lanes_html(rounds: Sequence[RoundEvent], lanes: Mapping[str, Sequence[float]
         # One tab stop per table (its first cell), not one per cell: 512 tokens of ten drafters were 5,120 stops
         # between a keyboard user and the rest of the page. The arrow keys move between cells (text.HEAD).
         cells = "".join(
-            f'<td{_FIRST_STOP if d == names[0] and j == 0 else ""} class="{"b " if start else ""}{"p" if who == d else ""}"'
+            f'<td{_FIRST_STOP if d == names[0] and j == 0 else ""}{_cell_class(start, who == d)}'
             f' style="--v:{lane[j]:.3f}" aria-label="{_esc(_lane_tip(d, piece, j, lane[j], who, rnd))}"></td>'
             for j, (piece, who, rnd, start) in enumerate(meta[:n]))
         share = sum(lane[:n]) / n
