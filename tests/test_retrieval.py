@@ -362,3 +362,41 @@ def test_ids_a_datastore_cannot_hold_end_the_query():
     d = drafter(store([5, 6, 7, 8]), prompt=[1])
     assert draft(d, [1, 70_000, 5, 6, 7]) == [8]  # the query stops after the large id instead of failing
     assert draft(drafter(store([5, 6, 7, 8]), prompt=[1]), [1, 5, 6, 70_000]) == []
+
+
+def _prefix_closed(cands) -> bool:
+    paths = {p for p, _ in cands}
+    return all(p[:-1] in paths for p in paths if len(p) > 1)
+
+
+def test_alternatives_are_the_continuation_tree_best_first():
+    # After [1 2] the context continued 3 twice and 4 once: the tree's first level is 3 (2 / 3.25), 4 (1 / 3.25).
+    ctx = [1, 2, 3, 7, 1, 2, 3, 8, 1, 2, 4, 9, 5, 1, 2]
+    d = drafter(prompt=ctx, min_match=1, spec_factor=4.0, min_prob=0.0)
+    cands = d.alternatives(ctx, 3, 10)
+    got = dict(cands)
+    m = 2  # the longest match: [1 2] (the id before it differs each time)
+    assert got[(3,)] == pytest.approx(2 / (3 + 0.5 / m)) and got[(4,)] == pytest.approx(1 / (3 + 0.5 / m))
+    assert got[(3, 7)] == pytest.approx(got[(3,)] * 1 / (2 + 0.5 / m))
+    assert [p for p, _ in cands[:2]] == [(3,), (4,)]  # best first
+    assert list(cands[0][0]) == draft(d, ctx, 1)  # the chain propose gives is the tree's most probable path
+    assert _prefix_closed(cands) and all(len(p) <= 3 for p, _ in cands)
+    assert len(d.alternatives(ctx, 3, 2)) == 2
+    ds = store([1, 2, 6, 40], [1, 2, 6, 41], [7, 2, 6, 50])
+    from_store = dict(drafter(ds, min_prob=0.0, prior=0.0).alternatives([9, 1, 2, 6], 2, 10))
+    assert from_store == {(40,): pytest.approx(0.5), (41,): pytest.approx(0.5)}  # the 3-token match [1 2 6]
+
+
+def test_token_recycling_keeps_runner_up_successors():
+    from metasd.drafting.drafters import TokenRecycling
+
+    d = TokenRecycling(vocab_size=8)
+    logits = torch.full((2, 8), -30.0)
+    logits[0, [3, 4]] = torch.tensor([2.0, 1.0])  # after 1: 3 (0.73), 4 (0.27)
+    logits[1, 5] = 5.0  # after 3: 5, nearly certain
+    d.learn([1, 3], logits)
+    assert d.propose([0, 1], 4, GREEDY, None).tokens == [3, 5]
+    cands = d.alternatives([0, 1], 2, 4)
+    assert [p for p, _ in cands[:3]] == [(3,), (3, 5), (4,)]
+    assert dict(cands)[(3, 5)] == pytest.approx(dict(cands)[(3,)] * float(torch.softmax(logits[1], -1)[5]))
+    assert _prefix_closed(cands)

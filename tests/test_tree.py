@@ -38,6 +38,22 @@ def test_branches_merge_into_a_prefix_tree():
     assert T.lead_arm(t, [], [2, 0]) == 2
 
 
+def test_extra_candidates_fill_the_room_most_probable_first():
+    lead = [T.Branch(0, [5, 6])]
+    cands = [(1, (3, 4), 0.95), (1, (5,), 0.9), (1, (8,), 0.6), (1, (5, 7), 0.5), (2, (8, 9), 0.2)]
+    extra = T.grow(lead, cands, room=2)
+    # (3, 4) waits for (3,), (5,) is in the tree: then 8 and 5 -> 7, each a leaf of its own branch
+    assert [(b.arm, b.tokens, b.extra, b.q) for b in extra] == [(1, [8], True, None), (1, [5, 7], True, None)]
+    assert [b.tokens for b in T.grow(lead, cands, room=9)] == [[5, 7], [8, 9]]  # 8 -> 9 makes 8 inner
+    assert [b.tokens for b in T.grow(lead, cands, room=9, worth=lambda p, n: p > 0.55)] == [[8]]
+    assert [b.tokens for b in T.grow(lead, cands, room=9, worth=lambda p, n: n < 3)] == [[8]]  # 2 nodes + 1
+    t = T.build_tree(lead + extra)
+    assert t.paths == {0: [0, 1]} and t.branch_nodes == [[0, 1], [2], [0, 3]]  # extras: not the arm's chain
+    assert t.proposers[0] == {0: 0, 1: 0}  # arm 1 proposed 5 too (its candidates are prefix-closed)
+    assert T.lead_arm(t, [0, 3], [0, 1]) == 1 and T.kept_branch(t, lead + extra, [0, 3], 1) == 2
+    assert T.lead_arm(t, [0], [0, 1]) == 0 and T.kept_branch(t, lead + extra, [0], 0) == 0
+
+
 def test_mask_and_positions():
     t = T.build_tree([T.Branch(0, [5, 6, 7]), T.Branch(1, [5, 9]), T.Branch(2, [8])])
     # nodes: 0:5 (d1), 1:6 (d2), 2:7 (d3), 3:9 (d2), 4:8 (d1)
@@ -158,7 +174,7 @@ def _draw(q: torch.Tensor, g: torch.Generator) -> int:
     return int(torch.multinomial(q, 1, generator=g).item())
 
 
-def _one_sample(p_tab, q_tabs, det_tabs, s, g) -> tuple[int, int]:
+def _one_sample(p_tab, q_tabs, det_tabs, s, g, alt_tabs=()) -> tuple[int, int]:
     """One tree round over the context (), then the target itself to make two ids."""
     branches = []
     for a, qt in enumerate(q_tabs):  # sampled drafters: a chain drawn from their own q
@@ -173,6 +189,10 @@ def _one_sample(p_tab, q_tabs, det_tabs, s, g) -> tuple[int, int]:
         for _ in range(2):
             toks.append(int(dt[tuple(toks)].argmax()))
         branches.append(T.Branch(a, toks))
+    for a, tabs in enumerate(alt_tabs, start=len(q_tabs)):  # the first deterministic arm's other candidates
+        for rank in range(1, 3):  # its second and third choice at the root, each continued by its argmax
+            first = int(tabs[()].argsort(descending=True)[rank])
+            branches.append(T.Branch(a, [first, int(tabs[(first,)].argmax())], extra=True))
     t = T.build_tree(branches)
     ctxs = [()] + [tuple(t.tokens[m] for m in t.ancestors(n)) for n in range(len(t))]
     logits = torch.stack([p_tab[c].clamp_min(1e-12).log() for c in ctxs])  # warp at T=1 gives p back
@@ -183,19 +203,22 @@ def _one_sample(p_tab, q_tabs, det_tabs, s, g) -> tuple[int, int]:
     return out[0], out[1]
 
 
-@pytest.mark.parametrize("case", ["sampled", "deterministic", "mixed_with_zeros", "same_drafter_twice"])
+@pytest.mark.parametrize("case", ["sampled", "deterministic", "mixed_with_zeros", "same_drafter_twice",
+                                  "extra_candidates"])
 def test_tree_sampling_keeps_the_targets_distribution(case):
     s = Sampling(temperature=1.0)
     p_tab = _table(0, zeros=False)
     q_tabs = {"sampled": [_table(1, False), _table(2, False)], "deterministic": [],
-              "mixed_with_zeros": [_table(3, True)], "same_drafter_twice": [_table(4, True), _table(4, True)]}[case]
+              "mixed_with_zeros": [_table(3, True)], "same_drafter_twice": [_table(4, True), _table(4, True)],
+              "extra_candidates": [_table(8, True)]}[case]
     det_tabs = {"sampled": [], "deterministic": [_table(5, False), _table(6, False), p_tab],
-                "mixed_with_zeros": [_table(7, False)], "same_drafter_twice": [p_tab]}[case]
+                "mixed_with_zeros": [_table(7, False)], "same_drafter_twice": [p_tab], "extra_candidates": [p_tab]}[case]
+    alt_tabs = [p_tab] if case == "extra_candidates" else []  # the same arm's runner-ups: every root id tried
     g = torch.Generator().manual_seed(123)
     n = 6000
     counts: dict[tuple[int, int], int] = {}
     for _ in range(n):
-        x = _one_sample(p_tab, q_tabs, det_tabs, s, g)
+        x = _one_sample(p_tab, q_tabs, det_tabs, s, g, alt_tabs)
         counts[x] = counts.get(x, 0) + 1
     exact = {(a, b): float(p_tab[()][a] * p_tab[(a,)][b]) for a in range(V) for b in range(V)}
     cells = [c for c in exact if exact[c] * n >= 5]
@@ -310,3 +333,17 @@ def test_a_tree_run_file_replays_its_branches(monkeypatch):
     r["branches"][0]["tokens"] = [1] * 65
     with pytest.raises(Exception, match="branch 1: tokens"):
         parse_run(json.dumps(bad))
+
+
+def test_extra_candidates_join_engine_trees_and_greedy_stays_the_targets(monkeypatch):
+    """Token recycling's runner-up successors fill the tree's spare room; output still the target's own."""
+    grown: list[int] = []
+    real = T.grow
+    monkeypatch.setattr(T, "grow", lambda *a, **k: grown.append(len(out := real(*a, **k))) or out)
+    for seed in range(3):
+        bundle = tiny_bundle(vocab=20, seed=seed, noise=0.3, layers=2)
+        prompt = [(7 * i + seed) % 20 for i in range(9)] * 2
+        rounds, s = run(bundle, prompt, policy="metasd-tree", max_new_tokens=30, gamma=4, seed=seed)
+        assert list(s.token_ids) == target_greedy(bundle, prompt, 30)
+        assert s.new_tokens == 30 and all(r.ids_verified <= r.tree_budget for r in rounds)
+    assert sum(grown) > 0, grown

@@ -23,7 +23,7 @@ place, the rest dropped): what a fresh prefill of the accepted text gives.
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 import torch
@@ -42,6 +42,9 @@ class Branch:
     arm: int
     tokens: list[int]
     q: torch.Tensor | None = None  # [len(tokens), V]; None: deterministic (q is one-hot)
+    # One of the arm's other candidates (Drafter.alternatives), not the chain it would draft alone: always
+    # deterministic, never scored for the bandit (its learning is about the arm's own chain).
+    extra: bool = False
 
 
 @dataclass
@@ -56,7 +59,8 @@ class TokenTree:
     depths: list[int] = field(default_factory=list)  # 1 for the root's children
     proposers: list[dict[int, int]] = field(default_factory=list)  # per node: arm -> index in its branch
     children: dict[int, list[int]] = field(default_factory=dict)  # node (-1: root) -> child nodes in order
-    paths: dict[int, list[int]] = field(default_factory=dict)  # arm -> its branch's nodes
+    paths: dict[int, list[int]] = field(default_factory=dict)  # arm -> its own chain's nodes (extras not)
+    branch_nodes: list[list[int]] = field(default_factory=list)  # per branch, in order: its nodes
 
     def __len__(self) -> int:
         return len(self.tokens)
@@ -88,8 +92,38 @@ def build_tree(branches: Sequence[Branch]) -> TokenTree:
             t.proposers[child][b.arm] = j
             path.append(child)
             node = child
-        t.paths[b.arm] = path
+        if not b.extra:
+            t.paths[b.arm] = path
+        t.branch_nodes.append(path)
     return t
+
+
+def grow(branches: Sequence[Branch], candidates: Sequence[tuple[int, tuple[int, ...], float]], room: int,
+         worth: Callable[[float, int], bool] | None = None) -> list[Branch]:
+    """Extra branches for a tree of `branches`: the arms' other candidates, most probable first.
+
+    `candidates` are (arm, path from the root, estimated chance the whole path is the target's) and each
+    arm's are prefix-closed (a path's prefixes are candidates of the same arm too). A node joins when its
+    parent is in the tree already, while `room` lasts and `worth(score, nodes so far)` agrees (the
+    caller weighs the expected accepted ids against the measured cost of one more verified id). In a
+    greedy round the expected accepted ids of a tree are the sum of its nodes' path chances, so adding
+    the most probable eligible node first is the best one-node step. Returns one branch per new leaf."""
+    have = {tuple(b.tokens[:j]) for b in branches for j in range(1, len(b.tokens) + 1)}
+    size = len(have)
+    pool = sorted(candidates, key=lambda c: -c[2])
+    chosen: dict[tuple[int, ...], int] = {}
+    while room > 0:
+        pick = next(((arm, path, score) for arm, path, score in pool
+                     if path and path not in have and (len(path) == 1 or path[:-1] in have)), None)
+        if pick is None or (worth is not None and not worth(pick[2], size)):
+            break
+        arm, path, _ = pick
+        have.add(path)
+        chosen[path] = arm
+        size += 1
+        room -= 1
+    inner = {p[:j] for p in chosen for j in range(1, len(p))}
+    return [Branch(arm, list(p), None, extra=True) for p, arm in chosen.items() if p not in inner]
 
 
 def tree_positions(tree: TokenTree, start: int) -> torch.Tensor:
@@ -182,8 +216,8 @@ def verify_sampled(logits: torch.Tensor, tree: TokenTree, branches: Sequence[Bra
                    generator: torch.Generator | None) -> TreeVerdict:
     """Multi-step speculative sampling (SpecInfer) over the tree: the emitted ids have the target's
     distribution whatever the drafters proposed."""
-    q_of = {b.arm: b.q for b in branches}
-    order = [b.arm for b in branches]
+    q_of = {b.arm: b.q for b in branches if not b.extra}
+    order = list(dict.fromkeys(b.arm for b in branches))
     p_rows = warp(logits, s)
     node, path = -1, []
     while True:
@@ -191,8 +225,9 @@ def verify_sampled(logits: torch.Tensor, tree: TokenTree, branches: Sequence[Bra
         moved = False
         for child, arm in _proposals(tree, node, order):
             x = tree.tokens[child]
-            q_arm = q_of[arm]
-            q = q_arm[tree.proposers[child][arm]] if q_arm is not None else None
+            q_arm = q_of.get(arm)  # an extra candidate (never sampled) proposes its id outright
+            own = q_arm is not None and child in tree.paths.get(arm, ())
+            q = q_arm[tree.proposers[child][arm]] if own else None
             qx = float(q[x]) if q is not None else 1.0
             u = float(torch.rand(1, generator=generator, device=p.device))
             if qx > 0 and u < min(1.0, float(p[x]) / qx):
@@ -226,6 +261,8 @@ def branch_betas(logits: torch.Tensor, tree: TokenTree, branches: Sequence[Branc
     p_rows = None if s.greedy else warp(logits, s)
     out: dict[int, list[float]] = {}
     for b in branches:
+        if b.extra:
+            continue
         g = []
         for j, node in enumerate(tree.paths.get(b.arm, [])):
             row = tree.parents[node] + 1
@@ -265,7 +302,17 @@ def lead_arm(tree: TokenTree, path: Sequence[int], order: Sequence[int]) -> int:
     if not path:
         return order[0]
     holders = [a for a in order if a in tree.proposers[path[-1]]]
-    return max(holders, key=lambda a: (len(tree.paths[a]), -order.index(a)))
+    return max(holders, key=lambda a: (path[-1] in tree.paths.get(a, ()), len(tree.paths.get(a, ())), -order.index(a)))
+
+
+def kept_branch(tree: TokenTree, branches: Sequence[Branch], path: Sequence[int], lead: int) -> int | None:
+    """The branch the round reads as its chain: the lead's own one if it holds the deepest accepted node,
+    else the first branch that does (an extra candidate); no accepted node: the lead's own. None: a plain
+    step (no branch at all)."""
+    own = next((j for j, b in enumerate(branches) if b.arm == lead and not b.extra), None)
+    if not path or (own is not None and path[-1] in tree.branch_nodes[own]):
+        return own if own is not None else (0 if branches else None)
+    return next(j for j, nodes in enumerate(tree.branch_nodes) if path[-1] in nodes)
 
 
 # ---- the engine's tree round ------------------------------------------------------------------
@@ -287,6 +334,8 @@ class TreeRound:
     logits: torch.Tensor | None = None
     verdict: TreeVerdict | None = None
     lead: int = 0
+    kept: int | None = None  # index into branches of the chain the round reports (kept_branch)
+    extra_ms: float = 0.0  # asking the arms for their other candidates
     emitted: list[int] = field(default_factory=list)
     hit_eos: bool = False
     g: dict[int, list[float]] = field(default_factory=dict)  # per arm: its branch's pass chances
@@ -322,7 +371,30 @@ def draft_tree(req, t: TreeRound) -> None:
         t.draft_ms[i] = 1000 * (time.perf_counter() - t0)
     # The lead (most ids) first: its proposals are tried first at every node.
     t.branches.sort(key=lambda b: -len(b.tokens))
+    t0 = time.perf_counter()
+    t.branches.extend(extra_branches(req, t))
+    t.extra_ms = 1000 * (time.perf_counter() - t0)
     t.tree = build_tree(t.branches)
+
+
+def extra_branches(req, t: TreeRound) -> list[Branch]:
+    """The room the chains leave in the budget, filled with the model-free arms' other candidates (their
+    second matches, the target's recorded runner-up successors): the most probable nodes first, each only
+    while its chance of being accepted outweighs what one more verified id costs (docs/DESIGN.md §9)."""
+    room = t.budget - 1 - len(build_tree(t.branches))
+    if room <= 0:
+        return []
+    depth = min(req.st.gamma, req.budget)  # never past the tokens left to generate
+    cands = []
+    for i, d in enumerate(req.arms):
+        if d.model_free and depth > 0:  # deterministic: each candidate is a one-hot proposal, lossless sampled
+            cands += [(i, path, score) for path, score in d.alternatives(req.ids, depth, 2 * room)]
+    step = req.verify_cost(1)
+
+    def worth(score: float, nodes: int) -> bool:
+        return score * step > req.verify_cost(nodes + 2) - req.verify_cost(nodes + 1)
+
+    return grow(t.branches, cands, room, worth)
 
 
 def verify_round(req, t: TreeRound) -> tuple[torch.Tensor, ...] | None:
@@ -355,8 +427,9 @@ def accept_tree(req, t: TreeRound, verify_ms: float) -> None:
     """Append the accepted path and the target's token (up to an end-of-sequence id), measure the
     verification, adapt each arm's draft length from its own branch."""
     v = t.verdict
-    order = [b.arm for b in t.branches]
+    order = list(dict.fromkeys(b.arm for b in t.branches))
     t.lead = lead_arm(t.tree, v.path, order) if order else t.lead
+    t.kept = kept_branch(t.tree, t.branches, v.path, t.lead)
     emitted = [t.tree.tokens[n] for n in v.path] + [v.token]
     eos = next((i for i, x in enumerate(emitted) if x in req.bundle.eos_ids), None)
     t.emitted, t.hit_eos = (emitted[: eos + 1], True) if eos is not None else (emitted, False)
@@ -364,7 +437,7 @@ def accept_tree(req, t: TreeRound, verify_ms: float) -> None:
     req.ledger.count(t.emitted, v.accepted, len(t.tree) + 1)
     req.verify_cost.add(len(t.tree) + 1, verify_ms)
     on_path = set(v.path)
-    for b in t.branches:
+    for b in own_branches(t):
         own = 0
         while own < len(b.tokens) and t.tree.paths[b.arm][own] in on_path:
             own += 1
@@ -381,7 +454,7 @@ def score_tree(req, t: TreeRound) -> None:
     (every node was verified), turn into its reward; the policy learns from all of them."""
     t.g = branch_betas(t.logits, t.tree, t.branches, req.s)
     t.rewards = [None] * len(req.arms)
-    for b in t.branches:
+    for b in own_branches(t):
         g, k = t.g[b.arm], len(b.tokens)
         t.rewards[b.arm] = reward(req.st.reward, g, k, req.st.gamma, t.draft_ms.get(b.arm, 0.0), k + 1,
                                   req.verify_cost)
@@ -402,16 +475,17 @@ def score_tree(req, t: TreeRound) -> None:
 def learn_tree(req, t: TreeRound, clock) -> None:
     """Every drafter sees what was accepted (those whose branch was left too); the arms' statistics grow.
     Drafters see the round as a chain: the lead's branch, fed after the last id, with its logits rows."""
-    nodes = t.tree.paths.get(t.lead, [])
+    nodes = t.tree.branch_nodes[t.kept] if t.kept is not None else []
     rows = [0] + [n + 1 for n in nodes]
     inputs = [req.ids[t.start - 1]] + [t.tree.tokens[n] for n in nodes]
-    verified = Verified(t.start, inputs, t.logits[rows], t.emitted)
+    verified = Verified(t.start, inputs, t.logits[rows], t.emitted,
+                        tree_inputs=[req.ids[t.start - 1]] + t.tree.tokens, tree_logits=t.logits)
     for d in req.arms:
         d.observe(req.ids, verified)
     arms = req.ledger.arms
-    for b in t.branches:  # full credit: what its branch would have had accepted alone
+    for b in own_branches(t):  # full credit: what its branch would have had accepted alone
         arms[req.names[b.arm]].pulled(len(b.tokens), t.own[b.arm], t.rewards[b.arm], t.draft_ms.get(b.arm, 0.0) / 1000)
-    if not t.branches:  # a plain step: charged to the lead, as the chain engine does
+    if t.kept is None:  # a plain step: charged to the lead, as the chain engine does
         arms[req.names[t.lead]].pulls += 1
         arms[req.names[t.lead]].tokens_sum += 1
     arms[req.names[t.lead]].verify_s += clock["verify"]
@@ -421,12 +495,12 @@ def other_branches(req, t: TreeRound) -> tuple[dict, ...]:
     """The tree's nodes off the lead's branch, per arm in the policy's order, each node once: where the
     branch leaves the lead's (depth), its ids and text, the arms that proposed them, and how many of
     the arm's own ids were accepted."""
-    lead_nodes = set(t.tree.paths.get(t.lead, []))
+    lead_nodes = set(t.tree.branch_nodes[t.kept]) if t.kept is not None else set()
     shown: set[int] = set()
     out = []
-    for b in t.branches:
-        nodes = [n for n in t.tree.paths[b.arm] if n not in lead_nodes and n not in shown]
-        if b.arm == t.lead or not nodes:
+    for j, b in enumerate(t.branches):
+        nodes = [n for n in t.tree.branch_nodes[j] if n not in lead_nodes and n not in shown]
+        if j == t.kept or not nodes:
             continue
         shown.update(nodes)
         toks = [t.tree.tokens[n] for n in nodes]
@@ -437,15 +511,21 @@ def other_branches(req, t: TreeRound) -> tuple[dict, ...]:
     return tuple(out)
 
 
+def own_branches(t: TreeRound) -> list[Branch]:
+    """The arms' own chains (what each would have drafted alone), without the extra candidates."""
+    return [b for b in t.branches if not b.extra]
+
+
 def lead_draft_probs(req, t: TreeRound) -> tuple[list[float], list[float], list[float]]:
-    """p(x), q(x) and min(1, p/q) along the lead's branch, as the chain's verdict reports them."""
-    b = next((b for b in t.branches if b.arm == t.lead), None)
-    if b is None:
+    """p(x), q(x) and min(1, p/q) along the kept branch, as the chain's verdict reports them."""
+    if t.kept is None:
         return [], [], []
+    b, nodes = t.branches[t.kept], t.tree.branch_nodes[t.kept]
+    rows = [t.tree.parents[n] + 1 for n in nodes]
     if req.s.greedy:
-        g = t.g.get(t.lead, [])
+        best = t.logits[rows].argmax(-1)
+        g = [float(x == int(y)) for x, y in zip(b.tokens, best.tolist(), strict=True)]
         return g, [1.0] * len(g), g
-    rows = [t.tree.parents[n] + 1 for n in t.tree.paths[t.lead]]
     p = warp(t.logits[rows], req.s)
     idx = torch.arange(len(rows))
     x = torch.tensor(b.tokens)
@@ -458,7 +538,7 @@ def lead_draft_probs(req, t: TreeRound) -> tuple[list[float], list[float], list[
 def emit_tree(req, t: TreeRound, clock):
     """The round's event: the kept path in the chain's fields, the tree in the new ones."""
     text = req.events.pieces.push(t.emitted)
-    b = next((b for b in t.branches if b.arm == t.lead), None)
+    b = t.branches[t.kept] if t.kept is not None else None
     draft = list(b.tokens) if b else []
     p_x, q_x, ratio = lead_draft_probs(req, t)
     others = other_branches(req, t)
@@ -468,7 +548,7 @@ def emit_tree(req, t: TreeRound, clock):
     req.clock.charge(drafted, clock["verify"], overhead)
     names, led = req.names, req.ledger
     ideal = sum(t.draft_ms.get(i, 0.0) for i in ([t.lead] if b else [])) + req.verify_cost(1 + len(draft))
-    spent = sum(t.draft_ms.values()) + 1000 * clock["verify"]
+    spent = sum(t.draft_ms.values()) + t.extra_ms + 1000 * clock["verify"]
     led.regret_tree_ms += max(spent - ideal, 0.0)
     return RoundEvent(
         round=led.rounds, drafter=names[t.lead], draft=tuple(draft), accepted=t.verdict.accepted,

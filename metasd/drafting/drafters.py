@@ -7,8 +7,11 @@ object holds one request's state only (caches, tables); model weights are shared
 from __future__ import annotations
 
 import copy
+import heapq
 from abc import ABC, abstractmethod
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import torch
@@ -32,6 +35,10 @@ class Verified:
     inputs: list[int]  # what the target was fed: [ids[start - 1]] + draft
     logits: torch.Tensor  # [len(inputs), V] the target's logits at those inputs
     emitted: list[int]  # the ids appended to the context
+    # A token-tree round (metasd/core/tree.py) verified more than the chain above: every node's row. Row j
+    # of tree_logits follows tree_inputs[j] in that node's own context (its ancestors), not in a chain's.
+    tree_inputs: list[int] | None = None
+    tree_logits: torch.Tensor | None = None
 
 
 class Drafter(ABC):
@@ -53,6 +60,12 @@ class Drafter(ABC):
     @abstractmethod
     def propose(self, ids: list[int], k: int, s: Sampling, generator: torch.Generator | None) -> Draft:
         """Up to k tokens that should follow `ids`."""
+
+    def alternatives(self, ids: list[int], k: int, n: int) -> list[tuple[tuple[int, ...], float]]:
+        """Up to n candidate paths (each at most k ids) that could follow `ids` besides the chain `propose`
+        gives, for a token tree's spare room: (path, estimated chance that the whole path is right). The set
+        must be prefix-closed (every prefix of a path is a path too) and deterministic. Default: none."""
+        return []
 
     def mark_scaffold(self, positions: frozenset[int]) -> None:  # noqa: B027 (optional hook)
         """Prompt positions the user did not write (the chat template's roles, special tokens, the
@@ -103,6 +116,28 @@ class Drafter(ABC):
 
 # --------------------------------------------------------------------------------------------
 # Model-free drafters
+
+
+Children = Callable[[tuple[int, ...], Any], list[tuple[int, float, Any]]]
+
+
+def best_first(children: Children, root: Any, k: int, n: int) -> list[tuple[tuple[int, ...], float]]:
+    """The n most probable paths (at most k ids) of a candidate tree, as (path, chance): a best-first walk
+    from `root`, where children(path, state) gives each next id with its conditional chance and the state
+    to expand it from. The result is prefix-closed (a path comes out only after its parent)."""
+    out: list[tuple[tuple[int, ...], float]] = []
+    heap: list[tuple[float, int, tuple[int, ...], Any]] = [(-1.0, 0, (), root)]
+    tie = 0
+    while heap and len(out) < n:
+        neg, _, path, state = heapq.heappop(heap)
+        if path:
+            out.append((path, -neg))
+        if len(path) >= k:
+            continue
+        for tok, chance, child in children(path, state):
+            tie += 1
+            heapq.heappush(heap, (neg * chance, tie, (*path, tok), child))
+    return out
 
 
 def _last_match(arr: np.ndarray, end: int, max_ngram: int, min_ngram: int) -> int:
@@ -175,6 +210,9 @@ class TokenRecycling(Drafter):
     # row of the LM head (576 x 49152 on the offline preset): 128 rows cost ~70 ms of the first
     # token's delay on a 2-core CPU, 32 cost ~20; the table learns from every verification afterwards.
     seed_rows = 32
+    # Successors kept per token: the chain follows the first; a token tree's spare room takes the others
+    # (the paper keeps a token's top-k in its adjacency matrix and drafts a static tree from it).
+    width = 4
 
     def __init__(self, name: str = "token-recycling", vocab_size: int = 0, min_confidence: float = 0.2) -> None:
         super().__init__(name)
@@ -183,8 +221,8 @@ class TokenRecycling(Drafter):
         # this: each extra verified id costs a little (docs/DESIGN.md §4), so a long unlikely tail
         # costs more than it can win.
         self.min_confidence = min_confidence
-        self.table = np.full(vocab_size, -1, dtype=np.int64)
-        self.conf = np.zeros(vocab_size, dtype=np.float32)
+        self.table = np.full((vocab_size, self.width), -1, dtype=np.int64)
+        self.conf = np.zeros((vocab_size, self.width), dtype=np.float32)
 
     def reset(self, prompt_ids: list[int]) -> None:
         self.table.fill(-1)
@@ -192,7 +230,7 @@ class TokenRecycling(Drafter):
 
     def learn(self, inputs: list[int], logits: torch.Tensor) -> None:
         """Row j of `logits` is the target's prediction after token inputs[j]."""
-        top = torch.softmax(logits.float(), -1).max(-1)
+        top = torch.softmax(logits.float(), -1).topk(min(self.width, logits.shape[-1]), -1)
         idx = np.asarray(inputs, dtype=np.int64)
         self.table[idx] = top.indices.cpu().numpy()
         self.conf[idx] = top.values.cpu().numpy()
@@ -201,21 +239,33 @@ class TokenRecycling(Drafter):
         out: list[int] = []
         t, run = ids[-1], 1.0
         for _ in range(k):
-            run *= float(self.conf[t])
-            t = int(self.table[t])
+            run *= float(self.conf[t, 0])
+            t = int(self.table[t, 0])
             if t < 0 or run < self.min_confidence:
                 break
             out.append(t)
         return Draft(out, None)
 
+    def alternatives(self, ids, k, n):
+        """Best first through the table: a path's chance is the product of the recorded probabilities."""
+
+        def successors(path: tuple[int, ...], last: int):
+            return [(t, c, t) for t, c in zip(self.table[last].tolist(), self.conf[last].tolist(), strict=True)
+                    if t >= 0 and c > 0.0]
+
+        return best_first(successors, ids[-1], k, n)
+
     def seed(self, inputs, logits):
         self.learn(inputs, logits)
 
     def observe(self, ids, verified):
+        if verified.tree_inputs is not None:  # every node's row, then the kept chain's (its context wins)
+            self.learn(verified.tree_inputs, verified.tree_logits)
         self.learn(verified.inputs, verified.logits)
 
     def predict(self, ids, start, n, s):
-        return torch.from_numpy(self.table[np.asarray(ids[start - 1 : start - 1 + n], dtype=np.int64)].copy())
+        rows = np.asarray(ids[start - 1 : start - 1 + n], dtype=np.int64)
+        return torch.from_numpy(self.table[rows, 0].copy())
 
 
 # --------------------------------------------------------------------------------------------

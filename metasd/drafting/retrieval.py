@@ -48,7 +48,7 @@ import numpy as np
 import torch
 
 from metasd import paths
-from metasd.drafting.drafters import Draft, Drafter
+from metasd.drafting.drafters import Draft, Drafter, best_first
 from metasd.drafting.registry import register_drafter, register_kind
 
 SEPARATOR = 0xFFFF  # ends every document of a datastore; never a token id
@@ -377,6 +377,45 @@ class RetrievalDrafter(Drafter):
     def propose(self, ids, k, s, generator):
         self._sync(ids, len(ids))
         return Draft(self._draft(k), None)
+
+    def alternatives(self, ids, k, n):
+        """The continuation trees themselves, best first (the chance of a path is the product of its count
+        ratios, as for the chain): the live context's and the datastore's, each when its match is long enough."""
+        self._sync(ids, len(ids))
+        out = []
+        m, ends = self.context_match()
+        if m >= self.min_match:
+            out += best_first(lambda path, ps: self._context_children(path, ps, m), list(ends), k, n)
+        suffix = self._suffix() if self.datastore is not None else []
+        if suffix:
+            ms, lo, hi = self.datastore.longest_match(suffix, self.max_match)
+            if ms >= self.min_match_store:
+                out += best_first(lambda path, st: self._store_children(st, ms), (lo, hi, ms), k, n)
+        return out
+
+    def _context_children(self, path: tuple[int, ...], ends: list[int], m: int) -> list[tuple[int, float, list[int]]]:
+        """The ids that followed the matched occurrences `ends` after `path`, each with its count ratio and the
+        occurrences that continue with it (a repeat may run into the path itself, as in _context_chain)."""
+        ids, seq = self._ids, len(self._ids)
+        groups: dict[int, list[int]] = {}
+        for p in ends:
+            j = p + len(path) + 1
+            t = ids[j] if j < seq else path[j - seq]
+            if t >= 0:
+                groups.setdefault(t, []).append(p)
+        total = len(ends) + self.prior / m
+        return [(t, len(g) / total, g) for t, g in groups.items()]
+
+    def _store_children(self, state: tuple[int, int, int], m: int) -> list[tuple[int, float, tuple[int, int, int]]]:
+        """The datastore's next ids for the suffix-array range [lo, hi) at `offset`, with count ratios."""
+        lo, hi, offset = state
+        ds = self.datastore
+        if ds is None or offset >= ds.depth:
+            return []
+        vals, starts, counts = ds.next_counts(lo, hi, offset)
+        total = hi - lo + self.prior / m
+        return [(v, c / total, (a, a + c, offset + 1)) for v, a, c in zip(vals, starts, counts, strict=True)
+                if v != SEPARATOR]
 
     def observe(self, ids, verified):
         self._sync(ids, len(ids))  # index the emitted tokens now rather than in the next round's draft
