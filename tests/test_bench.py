@@ -155,6 +155,7 @@ def test_calls_accepted_and_time_split_are_consistent(tiny_result):
     assert set(rounds["method"]) == set(ours.index.get_level_values(0)) - {"oracle"}
     per = rounds.groupby(["method", "question_id"])["emitted"].sum()
     assert (per == 12).all()
+    assert (rounds["ids_verified"] == rounds["drafted"] + 1).all()  # a chain reads the last id and its draft
 
 
 def test_oracle_is_the_fastest_single_drafter_of_each_prompt(tiny_result):

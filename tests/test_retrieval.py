@@ -400,3 +400,10 @@ def test_token_recycling_keeps_runner_up_successors():
     assert [p for p, _ in cands[:3]] == [(3,), (3, 5), (4,)]
     assert dict(cands)[(3, 5)] == pytest.approx(dict(cands)[(3,)] * float(torch.softmax(logits[1], -1)[5]))
     assert _prefix_closed(cands)
+    # A tree round shows it every node's row, then the kept chain's: for a token in both, the chain's row wins.
+    from metasd.drafting.drafters import Verified
+
+    rows = torch.full((3, 8), -30.0)
+    rows[0, 6], rows[1, 2], rows[2, 7] = 5.0, 5.0, 5.0  # after 1: 6 (chain); after 4: 2; after 1 (a branch): 7
+    d.observe([0, 1], Verified(2, [1], rows[:1], [6], tree_inputs=[1, 4, 1], tree_logits=rows))
+    assert d.table[4, 0] == 2 and d.table[1, 0] == 6

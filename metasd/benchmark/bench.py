@@ -55,7 +55,7 @@ RESULT_COLUMNS = [
     "verify_s", "overhead_s", "stop_reason", "oracle_choice", "drafter_pulls",
 ]
 ROUND_COLUMNS = ["method", "question_id", "category", "round", "drafter", "drafted", "accepted", "emitted",
-                 "draft_ms", "verify_ms", "overhead_ms"]
+                 "draft_ms", "verify_ms", "overhead_ms", "ids_verified"]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -417,6 +417,7 @@ def _prompt_rows(methods: Sequence[Method], p: Prompt, ids: list[int], fastest: 
             "method": m.name, "question_id": p.question_id, "category": p.category, "round": r.round,
             "drafter": r.drafter, "drafted": len(r.draft), "accepted": r.accepted, "emitted": len(r.emitted),
             "draft_ms": r.draft_ms, "verify_ms": r.verify_ms, "overhead_ms": r.overhead_ms,
+            "ids_verified": r.ids_verified,
         } for r in o.rounds)
 
 

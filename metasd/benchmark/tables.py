@@ -95,8 +95,11 @@ def time_split(summary: pd.DataFrame, rounds: pd.DataFrame | None = None) -> pd.
     out["other"] = 1 - out[["drafting", "verifying", "bookkeeping", "prefill"]].sum(axis=1)
     out["bookkeeping_of_rounds"] = ov["overhead_s"] / rounds_s
     if rounds is not None and not rounds.empty:
-        per = rounds.groupby("method", sort=False).agg(rounds=("round", "count"), draft_ms=("draft_ms", "mean"),
-                                                       verify_ms=("verify_ms", "mean"), overhead_ms=("overhead_ms", "mean"))
+        cols = dict(rounds=("round", "count"), draft_ms=("draft_ms", "mean"), verify_ms=("verify_ms", "mean"),
+                    overhead_ms=("overhead_ms", "mean"))
+        if "ids_verified" in rounds:  # ids the target read per round (a chain's draft + 1; a tree's nodes + 1)
+            cols["ids_per_call"] = ("ids_verified", "mean")
+        per = rounds.groupby("method", sort=False).agg(**cols)
         out = out.merge(per, left_on="method", right_index=True, how="left")
         out["rounds"] = out["rounds"].astype("Int64")
     return out.reset_index(drop=True)
@@ -191,7 +194,8 @@ def _tail_sections(s: pd.DataFrame, result: BenchResult) -> list[str]:
             "## Where our engine's time goes (overall)",
             "",
             "Shares of wall time; bookkeeping = policy, rewards, detokenisation and events per round; "
-            "'of rounds' = bookkeeping / (drafting + verifying + bookkeeping).",
+            "'of rounds' = bookkeeping / (drafting + verifying + bookkeeping); ids_per_call = ids the target read "
+            "per round (a chain: its draft + 1; a tree: its nodes + 1).",
             "",
             markdown_table(split, {"drafting": "%1", "verifying": "%1", "bookkeeping": "%1", "prefill": "%1",
                                    "other": "%1", "bookkeeping_of_rounds": "%1"}),

@@ -21,7 +21,7 @@ from transformers import DynamicCache
 
 from metasd.bandits.policies import Choice, make_policy
 from metasd.bandits.priors import Priors, load_priors
-from metasd.core import tree
+from metasd.core import tree_round
 from metasd.core.batch import VerifyPart
 from metasd.core.costs import EXTRA_ID_PRIOR, EXTRA_ID_PRIOR_PACKED, VerifyCost, best_length, expected_accepted, reward
 from metasd.core.events import Event, RoundEvent, Summary
@@ -397,8 +397,8 @@ def steps(req: Request, stop: StopSignal, inspect: Inspect | None = None
         clock = Clock()
         awake = req.wake()
         clock.lap("wake")
-        if req.policy.tree:  # a token tree of several arms' drafts, on a pass of its own (metasd/core/tree.py)
-            ev, eos = tree.play_round(req, awake, clock, inspect)
+        if req.policy.tree:  # a token tree of several arms' drafts, on a pass of its own (metasd/core/tree_round.py)
+            ev, eos = tree_round.play_round(req, awake, clock, inspect)
             yield ev
             if eos:
                 req.stop_reason = "eos"

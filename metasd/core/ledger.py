@@ -5,7 +5,7 @@
 - `RequestClock`: when it started, its prefill, and where its time went (drafting, verifying, overhead),
   charged from each round's `Clock`;
 - `EventBuilder`: the text pieces of its ids and the events a consumer sees (the chain's RoundEvent and the
-  Summary; a token-tree round's event is built in metasd/core/tree.py from the same parts).
+  Summary; a token-tree round's event is built in metasd/core/tree_round.py from the same parts).
 
 The chain engine and the token-tree rounds write the same books, so their totals mean the same thing.
 """

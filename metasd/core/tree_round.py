@@ -1,0 +1,302 @@
+"""The engine's token-tree round (policy metasd-tree): plan, draft, fill the spare room, verify, walk, keep
+the accepted path, score, learn and emit. The tree itself, its mask and its verification rules are in
+metasd/core/tree.py; these steps read and update the engine's Request (metasd/core/engine.py): ids, caches,
+drafters, statistics. The engine dispatches here when its policy plays trees (Policy.tree)."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+import torch
+
+from metasd.core import tree as T
+from metasd.core.costs import expected_accepted, reward, tree_budget
+from metasd.core.events import RoundEvent
+from metasd.core.sampling import warp
+from metasd.core.tree import (
+    Branch,
+    TokenTree,
+    TreeVerdict,
+    branch_betas,
+    build_tree,
+    credit,
+    forward_tree,
+    keep_rows,
+    kept_branch,
+    lead_arm,
+    tree_shares,
+    verify_greedy,
+    verify_sampled,
+)
+from metasd.drafting.drafters import Verified
+
+
+@dataclass
+class TreeRound:
+    """What one tree round did."""
+
+    depths: tuple[int, ...]
+    budget: int
+    probabilities: list[float]
+    branches: list[Branch] = field(default_factory=list)
+    draft_ms: dict[int, float] = field(default_factory=dict)  # per arm
+    tree: TokenTree = field(default_factory=TokenTree)
+    start: int = 0
+    logits: torch.Tensor | None = None
+    verdict: TreeVerdict | None = None
+    lead: int = 0
+    kept: int | None = None  # index into branches of the chain the round reports (kept_branch)
+    extra_ms: float = 0.0  # asking the arms for their other candidates
+    emitted: list[int] = field(default_factory=list)
+    hit_eos: bool = False
+    g: dict[int, list[float]] = field(default_factory=dict)  # per arm: its branch's pass chances
+    own: dict[int, int] = field(default_factory=dict)  # per arm: accepted ids of its own branch
+    rewards: list[float | None] = field(default_factory=list)
+
+
+def plan_tree(req, awake: list[bool] | None) -> TreeRound:
+    """The policy's tree: which arms contribute and how deep, within the budget of verified ids."""
+    k = len(req.arms)
+    kmax = [min(req.length(i), len(req.pre[i].tokens)) if i in req.pre else req.length(i) for i in range(k)]
+    budget = min(tree_budget(req.verify_cost, req.st.gamma), 1 + sum(kmax))
+    ms = [d.ms_per_token for d in req.arms]
+    choice = req.policy.decide_tree(awake, kmax, ms, req.verify_cost, max(budget, 1))
+    return TreeRound(choice.depths or tuple([0] * k), budget, choice.probabilities, lead=choice.arm)
+
+
+def draft_tree(req, t: TreeRound) -> None:
+    """Every chosen arm drafts its branch (model-free ones drafted already while waking)."""
+    for i, depth in enumerate(t.depths):
+        if depth <= 0:
+            continue
+        t0 = time.perf_counter()
+        if i in req.pre:
+            d = req.pre[i]
+        else:
+            req.arms[i].attach(req.cache, req.ids)
+            d = req.arms[i].propose(req.ids, depth, req.s, req.g_draft)
+        tokens = d.tokens[:depth]
+        if tokens:
+            q = d.q[: len(tokens)] if d.q is not None else None
+            t.branches.append(Branch(i, list(tokens), q))
+        t.draft_ms[i] = 1000 * (time.perf_counter() - t0)
+    # The lead (most ids) first: its proposals are tried first at every node.
+    t.branches.sort(key=lambda b: -len(b.tokens))
+    t0 = time.perf_counter()
+    t.branches.extend(extra_branches(req, t))
+    t.extra_ms = 1000 * (time.perf_counter() - t0)
+    t.tree = build_tree(t.branches)
+
+
+def extra_branches(req, t: TreeRound) -> list[Branch]:
+    """The room the chains leave in the budget, filled with the model-free arms' other candidates (their
+    second matches, the target's recorded runner-up successors): the most probable nodes first, each only
+    while its chance of being accepted outweighs what one more verified id costs (docs/DESIGN.md §9)."""
+    room = t.budget - 1 - len(build_tree(t.branches))
+    if room <= 0:
+        return []
+    depth = min(req.st.gamma, req.budget)  # never past the tokens left to generate
+    cands = []
+    for i, d in enumerate(req.arms):
+        if d.model_free and depth > 0:  # deterministic: each candidate is a one-hot proposal, lossless sampled
+            cands += [(i, path, score) for path, score in d.alternatives(req.ids, depth, 2 * room)]
+    step = req.verify_cost(1)
+
+    def worth(score: float, nodes: int) -> bool:
+        return score * step > req.verify_cost(nodes + 2) - req.verify_cost(nodes + 1)
+
+    return T.grow(t.branches, cands, room, worth)
+
+
+def verify_round(req, t: TreeRound) -> tuple[torch.Tensor, ...] | None:
+    """One target pass over the root and every node of the tree."""
+    t.start = len(req.ids)
+    t.logits, hidden = forward_tree(req.bundle.target, req.cache, req.ids[-1], t.tree, t.start, bool(req.readers))
+    return hidden
+
+
+def walk(req, t: TreeRound) -> None:
+    """The walk down the tree: greedy, or multi-step speculative sampling."""
+    if req.s.greedy:
+        t.verdict = verify_greedy(t.logits, t.tree)
+    else:
+        t.verdict = verify_sampled(t.logits, t.tree, t.branches, req.s, req.g_target)
+
+
+def keep_path(req, t: TreeRound, hidden: tuple[torch.Tensor, ...] | None) -> None:
+    """The cache keeps the root and the accepted nodes only; white-box arms get their hidden states."""
+    rows = [0] + [n + 1 for n in t.verdict.path]
+    keep_rows(req.cache, t.start - 1, rows)
+    if hidden is not None:
+        idx = torch.tensor(rows, device=hidden[0].device)
+        kept = tuple(h.index_select(1, idx) for h in hidden)
+        for d in req.readers:
+            d.take_features(t.start - 1, kept, len(rows))
+
+
+def accept_tree(req, t: TreeRound, verify_ms: float) -> None:
+    """Append the accepted path and the target's token (up to an end-of-sequence id), measure the
+    verification, adapt each arm's draft length from its own branch."""
+    v = t.verdict
+    order = list(dict.fromkeys(b.arm for b in t.branches))
+    t.lead = lead_arm(t.tree, v.path, order) if order else t.lead
+    t.kept = kept_branch(t.tree, t.branches, v.path, t.lead)
+    emitted = [t.tree.tokens[n] for n in v.path] + [v.token]
+    eos = next((i for i, x in enumerate(emitted) if x in req.bundle.eos_ids), None)
+    t.emitted, t.hit_eos = (emitted[: eos + 1], True) if eos is not None else (emitted, False)
+    req.ids.extend(t.emitted)
+    req.ledger.count(t.emitted, v.accepted, len(t.tree) + 1)
+    req.verify_cost.add(len(t.tree) + 1, verify_ms)
+    on_path = set(v.path)
+    for b in own_branches(t):
+        own = 0
+        while own < len(b.tokens) and t.tree.paths[b.arm][own] in on_path:
+            own += 1
+        t.own[b.arm] = own
+        req.arms[b.arm].record_time(t.draft_ms.get(b.arm, 0.0) / 1000, len(b.tokens))
+        if own == len(b.tokens) == t.depths[b.arm]:
+            req.caps[b.arm] = min(req.st.gamma, req.caps[b.arm] + 1)
+        elif own < len(b.tokens):
+            req.caps[b.arm] = max(1, own + 1)
+
+
+def score_tree(req, t: TreeRound) -> None:
+    """Full information for every arm in the tree: its branch's pass chances, as if it had drafted alone
+    (every node was verified), turn into its reward; the policy learns from all of them."""
+    t.g = branch_betas(t.logits, t.tree, t.branches, req.s)
+    t.rewards = [None] * len(req.arms)
+    for b in own_branches(t):
+        g, k = t.g[b.arm], len(b.tokens)
+        t.rewards[b.arm] = reward(req.st.reward, g, k, req.st.gamma, t.draft_ms.get(b.arm, 0.0), k + 1,
+                                  req.verify_cost)
+        req.ledger.arms[req.names[b.arm]].scored_tokens += 1 + expected_accepted(g)
+    req.policy.update(t.lead, t.rewards)
+    req.policy.observe_tree(t.g)
+    # Regret against the best single arm in hindsight: its tokens per call had it drafted alone
+    # (an arm left out of a round counts a plain step, 1 token), minus the tree's realised tokens.
+    led = req.ledger
+    led.chosen_scored += 1 + t.verdict.accepted
+    if led.tree_single is None:
+        led.tree_single = [0.0] * len(req.arms)
+    for i in range(len(req.arms)):
+        led.tree_single[i] += 1 + (expected_accepted(t.g[i]) if i in t.g else 0.0)
+    led.regret = max(led.tree_single) - led.chosen_scored
+
+
+def learn_tree(req, t: TreeRound, clock) -> None:
+    """Every drafter sees what was accepted (those whose branch was left too); the arms' statistics grow.
+    Drafters see the round as a chain: the lead's branch, fed after the last id, with its logits rows."""
+    nodes = t.tree.branch_nodes[t.kept] if t.kept is not None else []
+    rows = [0] + [n + 1 for n in nodes]
+    inputs = [req.ids[t.start - 1]] + [t.tree.tokens[n] for n in nodes]
+    verified = Verified(t.start, inputs, t.logits[rows], t.emitted,
+                        tree_inputs=[req.ids[t.start - 1]] + t.tree.tokens, tree_logits=t.logits)
+    for d in req.arms:
+        d.observe(req.ids, verified)
+    arms = req.ledger.arms
+    for b in own_branches(t):  # full credit: what its branch would have had accepted alone
+        arms[req.names[b.arm]].pulled(len(b.tokens), t.own[b.arm], t.rewards[b.arm], t.draft_ms.get(b.arm, 0.0) / 1000)
+    if t.kept is None:  # a plain step: charged to the lead, as the chain engine does
+        arms[req.names[t.lead]].pulls += 1
+        arms[req.names[t.lead]].tokens_sum += 1
+    arms[req.names[t.lead]].verify_s += clock["verify"]
+
+
+def other_branches(req, t: TreeRound) -> tuple[dict, ...]:
+    """The tree's nodes off the lead's branch, per arm in the policy's order, each node once: where the
+    branch leaves the lead's (depth), its ids and text, the arms that proposed them, and how many of
+    the arm's own ids were accepted."""
+    lead_nodes = set(t.tree.branch_nodes[t.kept]) if t.kept is not None else set()
+    shown: set[int] = set()
+    out = []
+    for j, b in enumerate(t.branches):
+        nodes = [n for n in t.tree.branch_nodes[j] if n not in lead_nodes and n not in shown]
+        if j == t.kept or not nodes:
+            continue
+        shown.update(nodes)
+        toks = [t.tree.tokens[n] for n in nodes]
+        arms = sorted({a for n in nodes for a in t.tree.proposers[n]})
+        out.append({"drafter": req.names[b.arm], "drafters": [req.names[a] for a in arms],
+                    "from": t.tree.depths[nodes[0]] - 1, "tokens": toks,
+                    "text": [req.events.pieces.piece([x]) for x in toks], "accepted": t.own.get(b.arm, 0)})
+    return tuple(out)
+
+
+def own_branches(t: TreeRound) -> list[Branch]:
+    """The arms' own chains (what each would have drafted alone), without the extra candidates."""
+    return [b for b in t.branches if not b.extra]
+
+
+def lead_draft_probs(req, t: TreeRound) -> tuple[list[float], list[float], list[float]]:
+    """p(x), q(x) and min(1, p/q) along the kept branch, as the chain's verdict reports them."""
+    if t.kept is None:
+        return [], [], []
+    b, nodes = t.branches[t.kept], t.tree.branch_nodes[t.kept]
+    rows = [t.tree.parents[n] + 1 for n in nodes]
+    if req.s.greedy:
+        best = t.logits[rows].argmax(-1)
+        g = [float(x == int(y)) for x, y in zip(b.tokens, best.tolist(), strict=True)]
+        return g, [1.0] * len(g), g
+    p = warp(t.logits[rows], req.s)
+    idx = torch.arange(len(rows))
+    x = torch.tensor(b.tokens)
+    px = p[idx, x]
+    qx = b.q[idx, x] if b.q is not None else torch.ones_like(px)
+    ratio = (px / qx.clamp_min(1e-30)).clamp(max=1.0)
+    return px.tolist(), qx.tolist(), ratio.tolist()
+
+
+def emit_tree(req, t: TreeRound, clock):
+    """The round's event: the kept path in the chain's fields, the tree in the new ones."""
+    text = req.events.pieces.push(t.emitted)
+    b = t.branches[t.kept] if t.kept is not None else None
+    draft = list(b.tokens) if b else []
+    p_x, q_x, ratio = lead_draft_probs(req, t)
+    others = other_branches(req, t)
+    clock.lap("emit")
+    drafted = clock["wake"] + clock["draft"]
+    overhead = clock["pick"] + clock["walk"] + clock["accept"] + clock["score"] + clock["learn"] + clock["emit"]
+    req.clock.charge(drafted, clock["verify"], overhead)
+    names, led = req.names, req.ledger
+    ideal = sum(t.draft_ms.get(i, 0.0) for i in ([t.lead] if b else [])) + req.verify_cost(1 + len(draft))
+    spent = sum(t.draft_ms.values()) + t.extra_ms + 1000 * clock["verify"]
+    led.regret_tree_ms += max(spent - ideal, 0.0)
+    return RoundEvent(
+        round=led.rounds, drafter=names[t.lead], draft=tuple(draft), accepted=t.verdict.accepted,
+        emitted=tuple(t.emitted), target_token=t.verdict.token, bonus=bool(draft) and t.verdict.accepted == len(draft),
+        p_draft=tuple(p_x), q_draft=tuple(q_x), accept_prob=tuple(ratio),
+        reward=t.rewards[t.lead] if t.rewards[t.lead] is not None else 0.0,
+        rewards=dict(zip(names, t.rewards, strict=True)), probabilities=dict(zip(names, t.probabilities, strict=True)),
+        regret=max(led.regret, 0.0), regret_measured=True, draft_ms=1000 * drafted, verify_ms=1000 * clock["verify"],
+        overhead_ms=1000 * overhead, new_tokens=led.new_tokens, emitted_text=tuple(text),
+        draft_text=tuple(req.events.pieces.piece([x]) for x in draft),
+        ids_verified=len(t.tree) + 1, tree_budget=t.budget, branches=others,
+        tree_share={names[a]: v for a, v in tree_shares(t.tree).items()},
+        credit={names[a]: v for a, v in credit(t.tree, t.verdict.path).items()},
+        split_ms={k: 1000 * v for k, v in clock.spans.items()}, regret_single=led.regret,
+        regret_tree_ms=led.regret_tree_ms,
+    )
+
+
+def play_round(req, awake: list[bool] | None, clock, inspect=None):
+    """One tree round, its steps timed like the chain's: pick (the plan), draft, verify (the target's
+    pass), accept (the walk's result, the cache trimmed), score, learn, emit."""
+    t = plan_tree(req, awake)
+    clock.lap("pick")
+    draft_tree(req, t)
+    clock.lap("draft")
+    hidden = verify_round(req, t)
+    clock.lap("verify")
+    walk(req, t)
+    clock.lap("walk")
+    keep_path(req, t, hidden)
+    accept_tree(req, t, 1000 * clock["verify"])
+    clock.lap("accept")
+    score_tree(req, t)
+    clock.lap("score")
+    learn_tree(req, t, clock)
+    if inspect is not None:
+        inspect(req.cache, req.ids, req.arms)
+    clock.lap("learn")
+    return emit_tree(req, t, clock), t.hit_eos
