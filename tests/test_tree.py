@@ -347,3 +347,25 @@ def test_extra_candidates_join_engine_trees_and_greedy_stays_the_targets(monkeyp
         assert list(s.token_ids) == target_greedy(bundle, prompt, 30)
         assert s.new_tokens == 30 and all(r.ids_verified <= r.tree_budget for r in rounds)
     assert sum(grown) > 0, grown
+
+
+def test_extra_chances_are_calibrated_against_the_target():
+    """An arm whose extra candidates claim more than the target grants is trusted less next time."""
+    from types import SimpleNamespace
+
+    from metasd.core import tree_round as TR
+
+    pol = MetaSDTree(2)
+    assert pol.extra_scale(1) == 1.0
+    lead = [T.Branch(0, [5, 6])]
+    extra = T.grow(lead, [(1, (7,), 0.8), (1, (5, 8), 0.6), (1, (5, 8, 9), 0.5)], room=3)
+    t = TR.TreeRound(depths=(2, 0), budget=6, probabilities=[1.0, 0.0], branches=lead + extra)
+    t.tree = T.build_tree(t.branches)
+    t.extra_said = {(7,): (1, 0.8), (5, 8): (1, 0.6), (5, 8, 9): (1, 0.5)}
+    logits = torch.zeros(len(t.tree) + 1, 10)
+    logits[0, 5] = logits[t.tree.node_of((5,)) + 1, 8] = logits[t.tree.node_of((5, 8)) + 1, 3] = 5.0
+    t.logits = logits  # the target: 5, then 8, then 3 (so 7 and 5 -> 8 -> 9 are wrong, 5 -> 8 right)
+    req = SimpleNamespace(s=Sampling(temperature=0.0), policy=pol)
+    TR.calibrate_extras(req, t)
+    assert pol.extra_said[1] == pytest.approx(1.9) and pol.extra_right[1] == pytest.approx(1.0)
+    assert pol.extra_scale(1) == pytest.approx(2.0 / 2.9) and pol.extra_scale(0) == 1.0

@@ -241,6 +241,8 @@ class MetaSDTree(MetaSDUCB):
         super().__init__(k, seed, beta)
         self.pass_sum = np.zeros((k, self.depth_cap + 1))  # sum over rounds of prod g[:j], per depth j
         self.pass_n = np.zeros((k, self.depth_cap + 1))  # rounds whose branch reached depth j
+        self.extra_said = np.zeros(k)  # per arm: the chances its extra candidates claimed, summed
+        self.extra_right = np.zeros(k)  # and what the target made of them (tree_round.calibrate_extras)
 
     def observe_tree(self, g: dict[int, list[float]]) -> None:
         """Per-position acceptance probabilities of every arm in the round's tree along its own branch."""
@@ -250,6 +252,16 @@ class MetaSDTree(MetaSDUCB):
                 run *= x
                 self.pass_sum[i, j] += run
                 self.pass_n[i, j] += 1
+
+    def observe_extras(self, said: dict[int, float], right: dict[int, float]) -> None:
+        for i, v in said.items():
+            self.extra_said[i] += v
+            self.extra_right[i] += right.get(i, 0.0)
+
+    def extra_scale(self, i: int) -> float:
+        """How far to trust arm i's stated chances for extra candidates: realised over claimed, shrunk
+        towards 1 by one pseudo-node (a drafter's first claims are taken at their word)."""
+        return float((self.extra_right[i] + 1.0) / (self.extra_said[i] + 1.0))
 
     def survival(self, i: int, kmax: int) -> list[float]:
         """Optimistic S_i(1..kmax): the chance the branch's first j ids pass, never rising with j."""

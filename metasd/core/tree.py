@@ -62,6 +62,13 @@ class TokenTree:
     def __len__(self) -> int:
         return len(self.tokens)
 
+    def node_of(self, path: Sequence[int]) -> int:
+        """The node reached from the root by these ids (each must be there)."""
+        node = -1
+        for tok in path:
+            node = next(c for c in self.children[node] if self.tokens[c] == tok)
+        return node
+
     def ancestors(self, i: int) -> list[int]:
         """Node i and its ancestors, root-most first (without the root itself)."""
         out = []

@@ -48,6 +48,7 @@ class TreeRound:
     lead: int = 0
     kept: int | None = None  # index into branches of the chain the round reports (kept_branch)
     extra_ms: float = 0.0  # asking the arms for their other candidates
+    extra_said: dict[tuple[int, ...], tuple[int, float]] = field(default_factory=dict)  # path -> (arm, raw chance)
     emitted: list[int] = field(default_factory=list)
     hit_eos: bool = False
     g: dict[int, list[float]] = field(default_factory=dict)  # per arm: its branch's pass chances
@@ -100,13 +101,43 @@ def extra_branches(req, t: TreeRound) -> list[Branch]:
     cands = []
     for i, d in enumerate(req.arms):
         if d.model_free and depth > 0:  # deterministic: each candidate is a one-hot proposal, lossless sampled
-            cands += [(i, path, score) for path, score in d.alternatives(req.ids, depth, 2 * room)]
+            scale = req.policy.extra_scale(i)  # what the arm's stated chances turned out to be worth so far
+            for path, said in d.alternatives(req.ids, depth, 2 * room):
+                cands.append((i, path, said * scale))
+                t.extra_said.setdefault(path, (i, said))
     step = req.verify_cost(1)
 
     def worth(score: float, nodes: int) -> bool:
         return score * step > req.verify_cost(nodes + 2) - req.verify_cost(nodes + 1)
 
-    return T.grow(t.branches, cands, room, worth)
+    extra = T.grow(t.branches, cands, room, worth)
+    own = {tuple(b.tokens[:j]) for b in t.branches for j in range(1, len(b.tokens) + 1)}
+    added = {tuple(b.tokens[:j]) for b in extra for j in range(1, len(b.tokens) + 1)} - own
+    t.extra_said = {p: t.extra_said[p] for p in added}
+    return extra
+
+
+def calibrate_extras(req, t: TreeRound) -> None:
+    """Each extra node's stated chance against what the target made of it (greedy: 1 when its whole path is
+    the target's own continuation; sampled: the product of p along it), summed per arm for the policy."""
+    if not t.extra_said:
+        return
+    tree = t.tree
+    if req.s.greedy:
+        best = t.logits.argmax(-1).tolist()
+        hit = [float(best[tree.parents[n] + 1] == tree.tokens[n]) for n in range(len(tree))]
+    else:
+        p = warp(t.logits, req.s)
+        hit = [float(p[tree.parents[n] + 1, tree.tokens[n]]) for n in range(len(tree))]
+    chance: list[float] = []
+    for n in range(len(tree)):  # a parent is numbered before its children
+        chance.append(hit[n] * (chance[tree.parents[n]] if tree.parents[n] >= 0 else 1.0))
+    said: dict[int, float] = {}
+    right: dict[int, float] = {}
+    for path, (arm, s) in t.extra_said.items():
+        said[arm] = said.get(arm, 0.0) + s
+        right[arm] = right.get(arm, 0.0) + chance[tree.node_of(path)]
+    req.policy.observe_extras(said, right)
 
 
 def verify_round(req, t: TreeRound) -> tuple[torch.Tensor, ...] | None:
@@ -173,6 +204,7 @@ def score_tree(req, t: TreeRound) -> None:
         req.ledger.arms[req.names[b.arm]].scored_tokens += 1 + expected_accepted(g)
     req.policy.update(t.lead, t.rewards)
     req.policy.observe_tree(t.g)
+    calibrate_extras(req, t)
     # Regret against the best single arm in hindsight: its tokens per call had it drafted alone
     # (an arm left out of a round counts a plain step, 1 token), minus the tree's realised tokens.
     led = req.ledger
