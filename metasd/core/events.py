@@ -49,6 +49,9 @@ class RoundEvent:
     split_ms: dict[str, float] = field(default_factory=dict)  # the round's time by step
     regret_single: float = 0.0  # tokens: best single arm in hindsight minus the tree's (may be < 0)
     regret_tree_ms: float = 0.0  # ms: time spent beyond the best tree in hindsight (the kept branch alone)
+    # The kept branch was one of `drafter`'s other candidates (Drafter.alternatives), not the chain it drafts
+    # alone: its lane (what it predicts teacher-forced) need not agree with `draft`.
+    draft_extra: bool = False
 
     def to_json(self) -> dict[str, Any]:
         """The round as in the `--json` contract of docs/DESIGN.md §3, plus extra fields."""

@@ -62,7 +62,7 @@ def live_cells(rounds: Sequence[RoundEvent], names: Sequence[str], greedy: bool 
     at = 0
     for ev in rounds:
         scores = dict(ev.scores)
-        if not scores and greedy and ev.draft:
+        if not scores and greedy and ev.draft and not ev.draft_extra:
             scores[ev.drafter] = (1.0,) * ev.accepted + ((0.0,) if ev.accepted < len(ev.draft) else ())
         for d, g in scores.items():
             if d in cells:
@@ -247,7 +247,7 @@ def agrees_with_rounds(lane: Sequence[float], rounds: Sequence[RoundEvent], draf
     be 1 and its first rejected position 0. Returns one line per disagreement (empty: consistent)."""
     bad, at = [], 0
     for ev in rounds:
-        if ev.drafter == drafter:
+        if ev.drafter == drafter and not ev.draft_extra:  # an extra candidate is not what it predicts
             for j in range(min(ev.accepted, len(ev.emitted))):
                 if lane[at + j] != 1.0:
                     bad.append(f"round {ev.round}: accepted position {j + 1} has lane {lane[at + j]:g}")

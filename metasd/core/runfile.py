@@ -237,6 +237,10 @@ def _tree_fields(r: dict[str, Any], at: str) -> dict[str, Any]:
     for k in ("regret_single", "regret_tree_ms"):
         if k in r:
             out[k] = _num(r[k], f"{at}: {k}")
+    if "draft_extra" in r:
+        if not isinstance(r["draft_extra"], bool):
+            raise InvalidInput(f"{at}: draft_extra must be true or false")
+        out["draft_extra"] = r["draft_extra"]
     for k in ("tree_share", "credit", "split_ms"):
         if k in r:
             out[k] = {n: float(v) for n, v in _arm_map(r[k], f"{at}: {k}", False).items()}

@@ -307,7 +307,7 @@ def emit_tree(req, t: TreeRound, clock):
         tree_share={names[a]: v for a, v in tree_shares(t.tree).items()},
         credit={names[a]: v for a, v in credit(t.tree, t.verdict.path).items()},
         split_ms={k: 1000 * v for k, v in clock.spans.items()}, regret_single=led.regret,
-        regret_tree_ms=led.regret_tree_ms,
+        regret_tree_ms=led.regret_tree_ms, draft_extra=bool(b and b.extra),
     )
 
 

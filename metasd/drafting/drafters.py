@@ -221,19 +221,28 @@ class TokenRecycling(Drafter):
         # this: each extra verified id costs a little (docs/DESIGN.md §4), so a long unlikely tail
         # costs more than it can win.
         self.min_confidence = min_confidence
+        # The chain's table (what `propose` and `predict` read) learns from the chain's rows only, so that the
+        # drafter replayed over a finished answer (metasd/core/lanes.py) predicts what it proposed live. The wide
+        # table, for a tree's spare room, also learns from every other node of a token tree.
         self.table = np.full((vocab_size, self.width), -1, dtype=np.int64)
         self.conf = np.zeros((vocab_size, self.width), dtype=np.float32)
+        self.wide = np.full((vocab_size, self.width), -1, dtype=np.int64)
+        self.wide_conf = np.zeros((vocab_size, self.width), dtype=np.float32)
 
     def reset(self, prompt_ids: list[int]) -> None:
-        self.table.fill(-1)
-        self.conf.fill(0.0)
+        for a, empty in ((self.table, -1), (self.conf, 0.0), (self.wide, -1), (self.wide_conf, 0.0)):
+            a.fill(empty)
 
-    def learn(self, inputs: list[int], logits: torch.Tensor) -> None:
-        """Row j of `logits` is the target's prediction after token inputs[j]."""
+    def learn(self, inputs: list[int], logits: torch.Tensor, chain: bool = True) -> None:
+        """Row j of `logits` is the target's prediction after token inputs[j]. chain=False: a token tree's
+        other rows, for the wide table only."""
         top = torch.softmax(logits.float(), -1).topk(min(self.width, logits.shape[-1]), -1)
         idx = np.asarray(inputs, dtype=np.int64)
-        self.table[idx] = top.indices.cpu().numpy()
-        self.conf[idx] = top.values.cpu().numpy()
+        ids, conf = top.indices.cpu().numpy(), top.values.cpu().numpy()
+        for table, confs in ((self.table, self.conf), (self.wide, self.wide_conf)) if chain else \
+                ((self.wide, self.wide_conf),):
+            table[idx] = ids
+            confs[idx] = conf
 
     def propose(self, ids, k, s, generator):
         out: list[int] = []
@@ -250,7 +259,7 @@ class TokenRecycling(Drafter):
         """Best first through the table: a path's chance is the product of the recorded probabilities."""
 
         def successors(path: tuple[int, ...], last: int):
-            return [(t, c, t) for t, c in zip(self.table[last].tolist(), self.conf[last].tolist(), strict=True)
+            return [(t, c, t) for t, c in zip(self.wide[last].tolist(), self.wide_conf[last].tolist(), strict=True)
                     if t >= 0 and c > 0.0]
 
         return best_first(successors, ids[-1], k, n)
@@ -260,7 +269,7 @@ class TokenRecycling(Drafter):
 
     def observe(self, ids, verified):
         if verified.tree_inputs is not None:  # every node's row, then the kept chain's (its context wins)
-            self.learn(verified.tree_inputs, verified.tree_logits)
+            self.learn(verified.tree_inputs, verified.tree_logits, chain=False)
         self.learn(verified.inputs, verified.logits)
 
     def predict(self, ids, start, n, s):
