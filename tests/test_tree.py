@@ -369,3 +369,28 @@ def test_extra_chances_are_calibrated_against_the_target():
     TR.calibrate_extras(req, t)
     assert pol.extra_said[1] == pytest.approx(1.9) and pol.extra_right[1] == pytest.approx(1.0)
     assert pol.extra_scale(1) == pytest.approx(2.0 / 2.9) and pol.extra_scale(0) == 1.0
+
+
+def test_a_kept_extra_candidate_is_not_read_as_the_arms_own_draft(monkeypatch):
+    """When the kept branch was an arm's extra candidate, the event says so; the lanes then do not hold the
+    arm's teacher-forced predictions against it, and a run file keeps the flag."""
+    import dataclasses
+    import json
+
+    from metasd.core import lanes
+    from metasd.core.runfile import parse_run, run_document
+
+    _full_trees(monkeypatch)
+    bundle = tiny_bundle(vocab=20, seed=1, layers=2)
+    rounds, s = run(bundle, [3, 7, 1, 4, 9, 3, 7, 1, 4, 9], policy="metasd-tree", max_new_tokens=30, gamma=3)
+    i = next(i for i, r in enumerate(rounds) if r.accepted > 0 and not r.draft_extra)
+    marked = [dataclasses.replace(r, draft_extra=r.draft_extra or j == i) for j, r in enumerate(rounds)]
+    zeros = [0.0] * s.new_tokens  # a lane that predicted nothing right
+    name = rounds[i].drafter
+    assert any(f"round {rounds[i].round}:" in x for x in lanes.agrees_with_rounds(zeros, rounds, name))
+    assert not any(f"round {rounds[i].round}:" in x for x in lanes.agrees_with_rounds(zeros, marked, name))
+    greedy_cells = lanes.live_cells([dataclasses.replace(r, scores={}) for r in marked], [name], greedy=True)
+    at = sum(len(r.emitted) for r in rounds[:i])
+    assert greedy_cells[name][at] is None  # not taken as the arm's own outcome
+    doc = run_document("ids", marked, s, preset="tiny", drafters=bundle.drafter_names, settings=s.config)
+    assert parse_run(json.dumps(doc)).rounds[i].draft_extra is True
