@@ -407,4 +407,4 @@ def test_token_recycling_keeps_runner_up_successors():
     rows[0, 6], rows[1, 2], rows[2, 7] = 5.0, 5.0, 5.0  # after 1: 6 (chain); after 4: 2; after 1 (a branch): 7
     d.observe([0, 1], Verified(2, [1], rows[:1], [6], tree_inputs=[1, 4, 1], tree_logits=rows))
     assert d.wide[4, 0] == 2 and d.wide[1, 0] == 6
-    assert d.table[4, 0] == -1 and d.table[1, 0] == 6  # the chain's table: the chain's rows only (lanes replay it)
+    assert d.table[4] == -1 and d.table[1] == 6  # the chain's table: the chain's rows only (lanes replay it)

@@ -102,6 +102,11 @@ def build_tree(branches: Sequence[Branch]) -> TokenTree:
     return t
 
 
+def prefixes(branches: Sequence[Branch]) -> set[tuple[int, ...]]:
+    """Every path from the root the branches hold: one per node of the tree they make."""
+    return {tuple(b.tokens[:j]) for b in branches for j in range(1, len(b.tokens) + 1)}
+
+
 def grow(branches: Sequence[Branch], candidates: Sequence[tuple[int, tuple[int, ...], float]], room: int,
          worth: Callable[[float, int], bool] | None = None) -> list[Branch]:
     """Extra branches for a tree of `branches`: the arms' other candidates, most probable first.
@@ -112,7 +117,7 @@ def grow(branches: Sequence[Branch], candidates: Sequence[tuple[int, tuple[int, 
     caller weighs the expected accepted ids against the measured cost of one more verified id). In a
     greedy round the expected accepted ids of a tree are the sum of its nodes' path chances, so adding
     the most probable eligible node first is the best one-node step. Returns one branch per new leaf."""
-    have = {tuple(b.tokens[:j]) for b in branches for j in range(1, len(b.tokens) + 1)}
+    have = prefixes(branches)
     size = len(have)
     pool = sorted(candidates, key=lambda c: -c[2])
     chosen: dict[tuple[int, ...], int] = {}

@@ -94,7 +94,8 @@ def extra_branches(req, t: TreeRound) -> list[Branch]:
     """The room the chains leave in the budget, filled with the model-free arms' other candidates (their
     second matches, the target's recorded runner-up successors): the most probable nodes first, each only
     while its chance of being accepted outweighs what one more verified id costs (docs/DESIGN.md §9)."""
-    room = t.budget - 1 - len(build_tree(t.branches))
+    own = T.prefixes(t.branches)
+    room = t.budget - 1 - len(own)
     if room <= 0:
         return []
     depth = min(req.st.gamma, req.budget)  # never past the tokens left to generate
@@ -111,8 +112,7 @@ def extra_branches(req, t: TreeRound) -> list[Branch]:
         return score * step > req.verify_cost(nodes + 2) - req.verify_cost(nodes + 1)
 
     extra = T.grow(t.branches, cands, room, worth)
-    own = {tuple(b.tokens[:j]) for b in t.branches for j in range(1, len(b.tokens) + 1)}
-    added = {tuple(b.tokens[:j]) for b in extra for j in range(1, len(b.tokens) + 1)} - own
+    added = T.prefixes(extra) - own
     t.extra_said = {p: t.extra_said[p] for p in added}
     return extra
 

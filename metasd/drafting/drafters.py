@@ -224,8 +224,8 @@ class TokenRecycling(Drafter):
         # The chain's table (what `propose` and `predict` read) learns from the chain's rows only, so that the
         # drafter replayed over a finished answer (metasd/core/lanes.py) predicts what it proposed live. The wide
         # table, for a tree's spare room, also learns from every other node of a token tree.
-        self.table = np.full((vocab_size, self.width), -1, dtype=np.int64)
-        self.conf = np.zeros((vocab_size, self.width), dtype=np.float32)
+        self.table = np.full(vocab_size, -1, dtype=np.int64)
+        self.conf = np.zeros(vocab_size, dtype=np.float32)
         self.wide = np.full((vocab_size, self.width), -1, dtype=np.int64)
         self.wide_conf = np.zeros((vocab_size, self.width), dtype=np.float32)
 
@@ -239,17 +239,16 @@ class TokenRecycling(Drafter):
         top = torch.softmax(logits.float(), -1).topk(min(self.width, logits.shape[-1]), -1)
         idx = np.asarray(inputs, dtype=np.int64)
         ids, conf = top.indices.cpu().numpy(), top.values.cpu().numpy()
-        for table, confs in ((self.table, self.conf), (self.wide, self.wide_conf)) if chain else \
-                ((self.wide, self.wide_conf),):
-            table[idx] = ids
-            confs[idx] = conf
+        self.wide[idx], self.wide_conf[idx] = ids, conf
+        if chain:  # the chain follows the most likely successor only
+            self.table[idx], self.conf[idx] = ids[:, 0], conf[:, 0]
 
     def propose(self, ids, k, s, generator):
         out: list[int] = []
         t, run = ids[-1], 1.0
         for _ in range(k):
-            run *= float(self.conf[t, 0])
-            t = int(self.table[t, 0])
+            run *= float(self.conf[t])
+            t = int(self.table[t])
             if t < 0 or run < self.min_confidence:
                 break
             out.append(t)
@@ -274,7 +273,7 @@ class TokenRecycling(Drafter):
 
     def predict(self, ids, start, n, s):
         rows = np.asarray(ids[start - 1 : start - 1 + n], dtype=np.int64)
-        return torch.from_numpy(self.table[rows, 0].copy())
+        return torch.from_numpy(self.table[rows].copy())
 
 
 # --------------------------------------------------------------------------------------------
