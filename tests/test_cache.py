@@ -67,16 +67,16 @@ def test_windowed_drafter_reads_at_most_its_window_and_stays_lossless(monkeypatc
     prompt = [3, 1, 4, 1, 5, 9, 2, 6, 5, 3, 5, 8, 9, 7, 9, 3]
     fed: list[int] = []
     offsets: list[int] = []
-    original = ModelDrafter._forward
+    original = ModelDrafter._part
 
-    def counting(self, tokens, logits_to_keep=1):
+    def counting(self, tokens, keep=1):
         fed.append(len(tokens))
-        return original(self, tokens, logits_to_keep)
+        return original(self, tokens, keep)
 
     def inspect(cache, ids, drafters):
         offsets.append(next(d for d in drafters if d.name == "tiny-lm").offset)
 
-    monkeypatch.setattr(ModelDrafter, "_forward", counting)
+    monkeypatch.setattr(ModelDrafter, "_part", counting)
     # round-robin: the drafter sits idle between its turns, so it must catch up every time.
     rounds, s = run(bundle, prompt, policy="round-robin", max_new_tokens=40, inspect=inspect, sleeping=False)
     assert fed and max(fed) <= 5, fed

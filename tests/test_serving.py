@@ -307,6 +307,81 @@ def test_a_class_on_the_same_prompts_reads_each_prompt_once_and_gets_its_solo_ou
     assert not req.prefill_reused and alone.prefixes.hits == 0 and len(alone.prefixes) == 1
 
 
+def _trace(events) -> list[tuple]:
+    """Every round as the page shows it: the arm, its draft, what passed, what was added."""
+    rounds, _ = collect(events)
+    return [(ev.drafter, ev.draft, ev.accepted, ev.emitted) for ev in rounds]
+
+
+@pytest.mark.parametrize("temperature, policy, window", [(0.0, "single:tiny-distilled", 0), (1.0, "round-robin", 0),
+                                                         (0.0, "single:tiny-lm", 6)])
+def test_model_drafters_of_many_requests_run_in_one_pass_and_draft_as_alone(temperature, policy, window):
+    """Shared rounds run every request's forward on the same drafter model in one pass (DraftPart): each
+    request's every draft, not only its output, is the one it drafts alone; a windowed drafter too."""
+    bundle = tiny_bundle(vocab=64, draft_vocab=tuple(range(0, 64, 3)), window=window)
+    for m in (bundle.target, *bundle.models.values()):
+        pack_linears(m)
+    g = torch.Generator().manual_seed(7)
+    prompts = [torch.randint(0, 64, (n,), generator=g).tolist() for n in (5, 17, 9, 30, 12)]
+
+    def kw(i: int) -> dict:
+        return {"chat_template": False, "max_new_tokens": 14 + 3 * i, "temperature": temperature, "policy": policy,
+                "seed": i, "gamma": 4}
+
+    solo = [_trace(generate(bundle, p, **kw(i))) for i, p in enumerate(prompts)]
+    rounds = Rounds(bundle.target, max_batch=5, idle_s=1.0)
+    reqs = [prepare(bundle, p, **kw(i)) for i, p in enumerate(prompts)]
+    streams = [rounds.submit(r, steps(r, None)) for r in reqs]
+    assert [_trace(s) for s in streams] == solo
+    assert rounds.draft_passes > 0 and rounds.most_drafts >= 3
+    assert any(d for d in solo[0] if d[1])  # the drafters did draft
+
+
+def test_drafter_forwards_are_not_shared_where_rows_are_not_invariant():
+    """A drafter model on torch's default kernels: its forwards run one by one, and drafts stay as alone."""
+    bundle = tiny_bundle(vocab=64)
+    pack_linears(bundle.target)  # the target shares; the drafter (unpacked) must not
+    prompts = [[1, 2, 3, 4, 5, 6], [9, 8, 7, 6, 5, 4, 3, 2], [4, 4, 4]]
+
+    def kw(i: int) -> dict:
+        return {"chat_template": False, "max_new_tokens": 16, "temperature": 0.0, "seed": i, "policy": "single:tiny-lm"}
+
+    solo = [_trace(generate(bundle, p, **kw(i))) for i, p in enumerate(prompts)]
+    rounds = Rounds(bundle.target, max_batch=3, idle_s=1.0)
+    reqs = [prepare(bundle, p, **kw(i)) for i, p in enumerate(prompts)]
+    streams = [rounds.submit(r, steps(r, None)) for r in reqs]
+    assert [_trace(s) for s in streams] == solo
+    assert rounds.most >= 2 and rounds.draft_passes == 0 and not any(rounds._draft_shared.values())
+
+
+def test_a_distilled_drafters_shared_forward_is_bitwise_its_own_on_the_offline_model(page_offline):
+    """The offline preset's distilled drafters (one layer, the target's head restricted to a draft vocabulary,
+    packed): forwards of three requests in one pass, a catch-up of several ids with one kept row among them,
+    give each the bits of its own forward, at windowed positions too."""
+    from metasd.core.batch import DraftPart, forward_alone, supports
+
+    model = get_bundle("offline").models["code-drafter"]
+    assert supports(model) and row_invariant(model)
+    g = torch.Generator().manual_seed(1)
+    vocab = get_bundle("offline").target.config.vocab_size
+    contexts = [torch.randint(0, vocab, (n,), generator=g).tolist() for n in (12, 64, 5)]
+    feeds = [torch.randint(0, vocab, (k,), generator=g).tolist() for k in (1, 9, 1)]
+    offsets = (0, 300, 17)  # a windowed drafter's cache starts at its window's true position
+    caches = []
+    with torch.no_grad():
+        for ctx, off in zip(contexts, offsets, strict=True):
+            c = DynamicCache(config=model.config)
+            forward_alone(DraftPart(model, VerifyPart(ctx, off, c)))
+            caches.append(c)
+    parts = [VerifyPart(f, off + len(ctx), copy.deepcopy(c), keep=1)
+             for f, ctx, off, c in zip(feeds, contexts, offsets, caches, strict=True)]
+    solo = [forward_alone(DraftPart(model, VerifyPart(p.ids, p.start, copy.deepcopy(c), keep=1)))
+            for p, c in zip(parts, caches, strict=True)]
+    together = verify_together(model, parts)
+    for a, b in zip(solo, together, strict=True):
+        assert a.shape == b.shape == (1, vocab) and torch.equal(a, b)
+
+
 def _keep(req) -> int:
     want = max((d.seed_rows for d in req.arms), default=0)
     return min(len(req.ids) - 1, want) if want else 1

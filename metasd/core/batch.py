@@ -43,9 +43,52 @@ class VerifyPart:
     """One request's share of a pass: the ids it feeds (its last id, then its draft), the position of the
     first of them, and its own KV cache (extended in place, as a solo pass would)."""
 
-    ids: list[int]
+    ids: list[int] | torch.Tensor
     start: int
     cache: object
+    keep: int = 0  # logits for the last `keep` rows only (0: every row), as transformers' logits_to_keep
+
+
+@dataclass
+class DraftPart:
+    """A model drafter's forward, asked of the driver instead of run on the spot: `part` through `model`
+    (metasd.drafting.drafters.ModelDrafter.propose_steps). The shared rounds run every request's part for the
+    same drafter model in one pass, as they verify; `spent_s` is then this part's share of that pass's time,
+    which the request charges to its drafter (not the time it waited for the others)."""
+
+    model: torch.nn.Module
+    part: VerifyPart
+    spent_s: float = 0.0
+
+
+def crop_to(cache: DynamicCache, length: int) -> None:
+    """Roll a cache back to its first `length` tokens (transformers 5: crop(-n) drops the last n)."""
+    extra = cache.get_seq_length() - length
+    if extra > 0:
+        cache.crop(-extra)
+
+
+@torch.no_grad()
+def forward_alone(d: DraftPart) -> torch.Tensor:
+    """A drafter part on a pass of its own (transformers' forward): its kept rows' logits."""
+    p = d.part
+    dev = next(d.model.parameters()).device
+    ids = torch.as_tensor(p.ids, device=dev).view(1, -1)
+    pos = torch.arange(p.start, p.start + ids.shape[1], device=dev).view(1, -1)
+    t = time.perf_counter()
+    out = d.model(input_ids=ids, position_ids=pos, past_key_values=p.cache, use_cache=True, logits_to_keep=p.keep)
+    d.spent_s = time.perf_counter() - t
+    return out.logits[0]
+
+
+def solo(steps: Generator[Any, Any, Any], answer: Callable[[Any], Any]) -> Any:
+    """Run a step generator to its end, answering each thing it asks with `answer(it)`: its return value."""
+    try:
+        x = next(steps)
+        while True:
+            x = steps.send(answer(x))
+    except StopIteration as end:
+        return end.value
 
 
 def supports(model: torch.nn.Module) -> bool:
@@ -60,14 +103,15 @@ def supports(model: torch.nn.Module) -> bool:
 
 @torch.no_grad()
 def verify_together(model: torch.nn.Module, parts: list[VerifyPart]) -> list[torch.Tensor]:
-    """One target pass over every part's ids: each part's logits ([len(ids), vocab]), as its own pass gives."""
+    """One pass over every part's ids: each part's logits ([len(ids), vocab], or its last `keep` rows), as its
+    own pass gives. The target's verification, and a drafter model's forward for several requests at once."""
     lm = model.model
     spans, a = [], 0
     for p in parts:
         spans.append((a, a + len(p.ids)))
         a += len(p.ids)
     dev = next(model.parameters()).device
-    h = lm.embed_tokens(torch.tensor([[t for p in parts for t in p.ids]], device=dev))
+    h = lm.embed_tokens(torch.cat([torch.as_tensor(p.ids, device=dev).view(-1) for p in parts]).view(1, -1))
     # Every row at its own request's position: the rotary angles are elementwise in the position, so one call
     # over all rows gives each row the bits its own pass gives it.
     pos = torch.tensor([[p.start + i for p in parts for i in range(len(p.ids))]], device=dev)
@@ -80,6 +124,14 @@ def verify_together(model: torch.nn.Module, parts: list[VerifyPart]) -> list[tor
         h = residual + _attention(layer.self_attn, layer.input_layernorm(h), parts, spans, masks, rotary)
         residual = h
         h = residual + layer.mlp(layer.post_attention_layernorm(h))
+    # Only the rows whose logits are wanted reach the head (the norm and the head are both row-wise).
+    kept = [(b - min(p.keep, b - a), b) if p.keep else (a, b) for p, (a, b) in zip(parts, spans, strict=True)]
+    if kept != spans:
+        h = torch.cat([h[:, a:b] for a, b in kept], dim=1)
+        a, spans = 0, []
+        for lo, hi in kept:
+            spans.append((a, a + hi - lo))
+            a += hi - lo
     logits = model.lm_head(lm.norm(h))
     return [logits[0, a:b] for a, b in spans]
 
@@ -165,8 +217,6 @@ def measure_pass_cost(model: torch.nn.Module, rows: int, requests: tuple[int, ..
                       context: int = 32, repeats: int = 2) -> PassCost:
     """Time one shared pass (verify_together) for each number of requests, every request `rows` ids after
     `context` ids of its own cache: the batch bound's cost model. The first pass warms the kernels up."""
-    from metasd.drafting.drafters import crop_to  # the engine's own roll-back (drafting imports core lazily)
-
     dev = next(model.parameters()).device
     base = DynamicCache()
     model(input_ids=torch.arange(1, context + 1, device=dev).view(1, -1), past_key_values=base, use_cache=True)
@@ -198,12 +248,13 @@ class _Member:
 
     def __init__(self, req: Any, it: Generator, out: queue.SimpleQueue) -> None:
         self.req, self.it, self.out = req, it, out
-        self.x: Any = None  # the last thing it yielded: a VerifyPart waiting for the pass, or None (not started)
+        self.x: Any = None  # what it yielded last: a VerifyPart or DraftPart waiting for a pass, or None (not started)
 
 
 class Rounds:
     """The lockstep driver: one thread advances every joined request round by round. Each request drafts on
-    its own; one pass verifies them all (verify_together); each then keeps what passed, learns and emits its
+    its own, except that its model drafter's forwards join those of every request on the same drafter model
+    (DraftPart, one pass each step); one pass verifies them all (verify_together); each then keeps what passed, learns and emits its
     event, which goes to its own stream. Requests join between rounds (their prefill runs then, alone) and
     leave when done or stopped (a request's stop signal is read by its own step generator every round).
     At most `max_batch` requests share a pass; more wait, in order, for one to leave."""
@@ -225,6 +276,10 @@ class Rounds:
         self._thread: threading.Thread | None = None
         self.together = 0  # requests in the latest pass
         self.passes = 0
+        # Drafter models whose forwards for several requests run in one pass (id -> whether that holds bit for
+        # bit, measured on first use as for the target), how many such passes ran, and the most parts in one.
+        self._draft_shared: dict[int, bool] = {}
+        self.draft_passes = self.most_drafts = 0
 
     def submit(self, req: Any, it: Generator) -> Iterator[Any]:
         """Join `req` (its step generator `it`); its events, in order, ending with its summary (or its error)."""
@@ -248,17 +303,21 @@ class Rounds:
         while self._admit():
             for m in list(self._members):
                 self._advance(m, None)
+            self._drafts()
             live = [m for m in self._members if isinstance(m.x, VerifyPart)]
-            if not live:
-                continue
-            try:
-                results = self._pass(live)
-            except Exception as e:  # noqa: BLE001  (a failed pass fails its requests, never the driver)
-                for m in live:
-                    self._leave(m, e)
-                continue
-            for m, result in zip(live, results, strict=True):
-                self._advance(m, result)
+            if live:
+                self._answer(live, self._pass)
+
+    def _answer(self, group: list[_Member], run: Callable[[list[_Member]], list[Any]]) -> None:
+        """Run one pass for `group` and hand each member its result; a failed pass fails its requests only."""
+        try:
+            results = run(group)
+        except Exception as e:  # noqa: BLE001  (a failed pass fails its requests, never the driver)
+            for m in group:
+                self._leave(m, e)
+            return
+        for m, result in zip(group, results, strict=True):
+            self._advance(m, result)
 
     def _admit(self) -> bool:
         """Take joining requests up to max_batch; False (the thread ends) after idle_s with nobody."""
@@ -274,6 +333,37 @@ class Rounds:
                     m.req.prefixes = self.prefixes
                     m.req.prefix_reuse = len(self._members) + len(self._joining) > 1
             return True
+
+    def _drafts(self) -> None:
+        """Run the members' drafter forwards until every one waits for its verification: one pass per drafter
+        model for all the members that asked it something (a draft's next token, a catch-up), step by step."""
+        while True:
+            asking: dict[int, list[_Member]] = {}
+            for m in self._members:
+                if isinstance(m.x, DraftPart):
+                    asking.setdefault(id(m.x.model), []).append(m)
+            if not asking:
+                return
+            for group in asking.values():
+                self._answer(group, lambda ms: self._draft_pass([m.x for m in ms]))
+
+    def _draft_pass(self, parts: list[DraftPart]) -> list[torch.Tensor]:
+        """One drafter model's forwards for several requests: together where the model allows it bit for bit
+        (as the target's passes), else one by one; each part's share of the time goes back with it."""
+        model = parts[0].model
+        key = id(model)
+        if key not in self._draft_shared:
+            self._draft_shared[key] = self.share and supports(model) and row_invariant(model)
+        if len(parts) == 1 or not self._draft_shared[key]:
+            return [forward_alone(d) for d in parts]
+        t = time.perf_counter()
+        out = verify_together(model, [d.part for d in parts])
+        share = (time.perf_counter() - t) / len(parts)
+        for d in parts:
+            d.spent_s = share
+        self.draft_passes += 1
+        self.most_drafts = max(self.most_drafts, len(parts))
+        return out
 
     def _pass(self, live: list[_Member]) -> list[tuple[torch.Tensor, Any]]:
         """One verification pass for every batchable request; white-box ones (hidden states) alone."""
@@ -293,7 +383,7 @@ class Rounds:
         """Run m's steps until it asks for a pass (or ends), handing its events to its stream."""
         try:
             m.x = m.it.send(result) if result is not None else (m.x if m.x is not None else next(m.it))
-            while not isinstance(m.x, VerifyPart):
+            while not isinstance(m.x, (VerifyPart, DraftPart)):
                 m.out.put(m.x)
                 m.x = next(m.it)
         except StopIteration:

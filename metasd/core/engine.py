@@ -22,7 +22,7 @@ from transformers import DynamicCache
 from metasd.bandits.policies import Choice, make_policy
 from metasd.bandits.priors import Priors, load_priors
 from metasd.core import tree_round
-from metasd.core.batch import VerifyPart
+from metasd.core.batch import DraftPart, VerifyPart, crop_to, forward_alone
 from metasd.core.costs import EXTRA_ID_PRIOR, EXTRA_ID_PRIOR_PACKED, VerifyCost, best_length, expected_accepted, reward
 from metasd.core.events import Event, RoundEvent, Summary
 from metasd.core.ledger import Clock, EventBuilder, Ledger, RequestClock
@@ -30,7 +30,7 @@ from metasd.core.prefix import PrefixStore
 from metasd.core.prompts import encode_prompt, scaffold_positions
 from metasd.core.sampling import Sampling, Verdict, verify, warp
 from metasd.core.validation import InvalidInput, Settings, clean_prompt, validate_settings
-from metasd.drafting.drafters import Draft, Drafter, Verified, crop_to
+from metasd.drafting.drafters import Draft, Drafter, Verified
 from metasd.models.cpu_linear import is_packed
 from metasd.models.loading import Bundle
 
@@ -233,13 +233,14 @@ class Request:
         k = self.length(choice.arm) if choice.length is None else min(choice.length, self.length(choice.arm))
         return Round(choice.arm, choice, k)
 
-    def draft(self, r: Round) -> None:
+    def draft(self, r: Round) -> Generator[DraftPart, torch.Tensor, None]:
+        """The chosen arm drafts; a model drafter asks the driver for each forward (see Drafter.propose_steps)."""
         drafter = self.arms[r.arm]
         if r.arm in self.pre:
             d: Draft | None = self.pre[r.arm]
         elif r.k > 0:
             drafter.attach(self.cache, self.ids)
-            d = drafter.propose(self.ids, r.k, self.s, self.g_draft)
+            d = yield from drafter.propose_steps(self.ids, r.k, self.s, self.g_draft)
         else:
             d = None
         r.tokens = d.tokens[: r.k] if d else []
@@ -377,17 +378,20 @@ def _rounds(req: Request, stop: StopSignal, inspect: Inspect | None) -> Iterator
     while x is not None:
         if isinstance(x, VerifyPart):
             x = it.send(req.pass_alone(req.round))
+        elif isinstance(x, DraftPart):
+            x = it.send(forward_alone(x))
         else:
             yield x
             x = next(it, None)
 
 
 def steps(req: Request, stop: StopSignal, inspect: Inspect | None = None
-          ) -> Generator[Event | VerifyPart, tuple[torch.Tensor, Any], None]:
+          ) -> Generator[Event | VerifyPart | DraftPart, Any, None]:
     """The prefill, then the round loop: pick an arm, draft, verify, keep what passed, score, learn, emit.
     Verification is asked of the driver: the generator yields the round's VerifyPart and receives the
     pass's (logits, hidden states) back, from a pass of its own (_rounds) or one shared with other
-    requests (metasd.core.batch.Rounds). Everything else is this request's own."""
+    requests (metasd.core.batch.Rounds); a model drafter's forwards likewise (DraftPart, answered with its
+    logits). Everything else is this request's own."""
     req.start()
     while not req.done:
         if _stopped(stop):
@@ -406,7 +410,7 @@ def steps(req: Request, stop: StopSignal, inspect: Inspect | None = None
             continue
         r = req.round = req.pick(awake)
         clock.lap("pick")
-        req.draft(r)
+        yield from _own_time(req.draft(r), clock, "draft")
         clock.lap("draft")
         logits, hidden = yield req.verify_part(r)
         req.take_verdict(r, logits, hidden)
@@ -424,6 +428,21 @@ def steps(req: Request, stop: StopSignal, inspect: Inspect | None = None
             req.stop_reason = "eos"
             break
     yield req.summary()
+
+
+def _own_time(parts: Generator[DraftPart, torch.Tensor, Any], clock: Clock, name: str
+              ) -> Generator[DraftPart, torch.Tensor, Any]:
+    """yield from `parts`, charging `name` with the time they ran and each part's share of the pass that ran
+    it (DraftPart.spent_s), not the time this request waited while other requests' parts ran."""
+    try:
+        x = next(parts)
+        while True:
+            clock.lap(name)
+            logits = yield x
+            clock.skip(name, x.spent_s)
+            x = parts.send(logits)
+    except StopIteration as end:
+        return end.value
 
 
 def run(bundle: Bundle, prompt: str | list[int], **kwargs: Any) -> tuple[list[RoundEvent], Summary]:

@@ -28,8 +28,8 @@ from dataclasses import dataclass, field
 import torch
 from transformers import DynamicCache
 
+from metasd.core.batch import crop_to
 from metasd.core.sampling import Sampling, warp
-from metasd.drafting.drafters import crop_to
 
 
 @dataclass(frozen=True)

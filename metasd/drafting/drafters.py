@@ -9,7 +9,7 @@ from __future__ import annotations
 import copy
 import heapq
 from abc import ABC, abstractmethod
-from collections.abc import Callable
+from collections.abc import Callable, Generator
 from dataclasses import dataclass
 from typing import Any
 
@@ -17,6 +17,7 @@ import numpy as np
 import torch
 from transformers import DynamicCache, PreTrainedModel
 
+from metasd.core.batch import DraftPart, VerifyPart, crop_to, forward_alone, solo
 from metasd.core.sampling import Sampling, sample_or_argmax, warp
 from metasd.drafting.registry import register_kind
 
@@ -60,6 +61,14 @@ class Drafter(ABC):
     @abstractmethod
     def propose(self, ids: list[int], k: int, s: Sampling, generator: torch.Generator | None) -> Draft:
         """Up to k tokens that should follow `ids`."""
+
+    def propose_steps(self, ids: list[int], k: int, s: Sampling, generator: torch.Generator | None
+                      ) -> Generator[DraftPart, torch.Tensor, Draft]:
+        """`propose` as steps: a drafter that runs a model yields each forward it needs (a DraftPart) and
+        receives its logits, so that a driver serving many requests runs theirs in one pass. The draft is
+        the same either way. Default: nothing to share, the draft at once."""
+        return self.propose(ids, k, s, generator)
+        yield  # a generator that never yields
 
     def alternatives(self, ids: list[int], k: int, n: int) -> list[tuple[tuple[int, ...], float]]:
         """Up to n candidate paths (each at most k ids) that could follow `ids` besides the chain `propose`
@@ -280,13 +289,6 @@ class TokenRecycling(Drafter):
 # Model drafters
 
 
-def crop_to(cache: DynamicCache, length: int) -> None:
-    """Roll a cache back to its first `length` tokens (transformers 5: crop(-n) drops the last n)."""
-    extra = cache.get_seq_length() - length
-    if extra > 0:
-        cache.crop(-extra)
-
-
 def fit_vocab(logits: torch.Tensor, target_vocab: int, tokenizer_vocab: int) -> torch.Tensor:
     """A drafter's logits over the target's id space.
 
@@ -306,10 +308,10 @@ def fit_vocab(logits: torch.Tensor, target_vocab: int, tokenizer_vocab: int) -> 
     return logits
 
 
-def draft_chain(logits: torch.Tensor, k: int, s: Sampling, generator: torch.Generator | None, min_confidence: float,
-                advance) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
-    """Draft up to k tokens from a model's logits, one at a time: `advance(token, i)` feeds token i and
-    returns the logits after it (never called for the last one: nothing needs its logits). Stops early
+def chain_steps(logits: torch.Tensor, k: int, s: Sampling, generator: torch.Generator | None, min_confidence: float
+                ) -> Generator[torch.Tensor, torch.Tensor, tuple[list[torch.Tensor], list[torch.Tensor]]]:
+    """Draft up to k tokens from a model's logits, one at a time: yields each token the model must be fed
+    and receives the logits after it (never for the last one: nothing needs its logits). Stops early
     when the drafter's own top probability falls below `min_confidence` (after the first token): unlikely
     tokens are rarely accepted and each costs a drafter step. Returns the tokens and, when sampling, their q rows."""
     tokens: list[torch.Tensor] = []
@@ -324,8 +326,15 @@ def draft_chain(logits: torch.Tensor, k: int, s: Sampling, generator: torch.Gene
         if q is not None:
             qs.append(q)
         if i < k - 1:
-            logits = advance(x, i)
+            logits = yield x
     return tokens, qs
+
+
+def draft_chain(logits: torch.Tensor, k: int, s: Sampling, generator: torch.Generator | None, min_confidence: float,
+                advance: Callable[[torch.Tensor, int], torch.Tensor]) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+    """chain_steps with `advance(token, i)` feeding token i and returning the logits after it."""
+    fed = iter(range(k))
+    return solo(chain_steps(logits, k, s, generator, min_confidence), lambda x: advance(x, next(fed)))
 
 
 class ModelDrafter(Drafter):
@@ -391,21 +400,21 @@ class ModelDrafter(Drafter):
         self.cached = list(ids[: target_cache.get_seq_length()])
         self.offset = 0
 
-    def _forward(self, tokens: list[int] | torch.Tensor, logits_to_keep: int = 1) -> torch.Tensor:
-        """Feed tokens after the cached ones; the caller records them in self.cached."""
-        start = self.offset + self.cache.get_seq_length()
-        inp = torch.as_tensor(tokens, device=self.device).view(1, -1)
+    def _part(self, tokens: list[int] | torch.Tensor, keep: int = 1) -> DraftPart:
+        """The forward that feeds `tokens` after the cached ones (the caller records them in self.cached)."""
+        inp = torch.as_tensor(tokens, device=self.device).view(-1)
         if self.model_vocab < self.target_vocab:
             # Ids beyond this drafter's table are padding rows a real tokenizer never produces;
             # read them as id 0 rather than fail (verification keeps the output lossless anyway).
             inp = inp.masked_fill(inp >= self.model_vocab, 0)
-        pos = torch.arange(start, start + inp.shape[1], device=self.device).view(1, -1)
-        out = self.model(input_ids=inp, position_ids=pos, past_key_values=self.cache, use_cache=True,
-                         logits_to_keep=logits_to_keep)
-        return fit_vocab(out.logits[0], self.target_vocab, self.tokenizer_vocab)
+        return DraftPart(self.model, VerifyPart(inp, self.offset + self.cache.get_seq_length(), self.cache, keep))
 
-    def _sync(self, ids: list[int], upto: int, feed_from: int, keep: int = 1) -> torch.Tensor:
-        """Make the cache hold ids[offset:upto], feeding at least ids[feed_from:upto].
+    def _fit(self, logits: torch.Tensor) -> torch.Tensor:
+        return fit_vocab(logits, self.target_vocab, self.tokenizer_vocab)
+
+    def _sync(self, ids: list[int], upto: int, feed_from: int, keep: int = 1
+              ) -> Generator[DraftPart, torch.Tensor, torch.Tensor]:
+        """Make the cache hold ids[offset:upto], feeding at least ids[feed_from:upto] (one forward, yielded).
 
         Returns the logits after the last `keep` fed tokens. Crops to the prefix the cache shares
         with `ids` (cheap), so only what is missing is computed; after an idle spell the catch-up
@@ -425,21 +434,27 @@ class ModelDrafter(Drafter):
             crop_to(self.cache, c)
             del self.cached[c:]
         missing = ids[self.offset + c : upto]
-        logits = self._forward(missing, logits_to_keep=min(keep, len(missing)))
+        logits = self._fit((yield self._part(missing, keep=min(keep, len(missing)))))
         self.cached.extend(missing)
         return logits
 
     @torch.inference_mode()
     def propose(self, ids, k, s, generator):
+        return solo(self.propose_steps(ids, k, s, generator), forward_alone)
+
+    @torch.inference_mode()
+    def propose_steps(self, ids, k, s, generator):
         if k <= 0:
             return Draft([], None)
-        logits = self._sync(ids, len(ids), len(ids) - 1, keep=1)[-1]
-
-        def advance(x: torch.Tensor, i: int) -> torch.Tensor:
-            self.cached.append(-1)  # filled in below, after one host sync for the whole draft
-            return self._forward(x.view(1))[-1]
-
-        tokens, qs = draft_chain(logits, k, s, generator, self.min_confidence, advance)
+        logits = (yield from self._sync(ids, len(ids), len(ids) - 1, keep=1))[-1]
+        chain = chain_steps(logits, k, s, generator, self.min_confidence)
+        try:
+            x = next(chain)
+            while True:
+                self.cached.append(-1)  # filled in below, after one host sync for the whole draft
+                x = chain.send(self._fit((yield self._part(x.view(1))))[-1])
+        except StopIteration as end:
+            tokens, qs = end.value
         toks = torch.stack(tokens).tolist()
         fed = len(toks) if len(toks) < k else k - 1
         self.cached[len(self.cached) - fed :] = toks[:fed]
@@ -448,7 +463,7 @@ class ModelDrafter(Drafter):
     @torch.inference_mode()
     def predict(self, ids, start, n, s):
         # Position j is predicted by the logits after ids[j - 1].
-        logits = self._sync(ids, start + n - 1, start - 1, keep=n)[-n:]
+        logits = solo(self._sync(ids, start + n - 1, start - 1, keep=n), forward_alone)[-n:]
         return logits.argmax(-1) if s.greedy else warp(logits, s)
 
 

@@ -44,15 +44,23 @@ class DraftHead(torch.nn.Module):
             raise ValueError(f"draft vocabulary ids must lie in [0, {full.shape[0]})")
         self.vocab_size = full.shape[0]
         self.register_buffer("ids", ids, persistent=False)
-        self.weight = torch.nn.Parameter(full.detach()[ids].clone(), requires_grad=False)
+        # A linear layer of its own, so that the CPU packing (metasd/models/cpu_linear.py) reaches it too: a row's
+        # bits then do not depend on the rows beside it, and several requests' drafts share one pass bit for bit.
+        self.proj = torch.nn.Linear(full.shape[1], ids.numel(), bias=False, device="meta", dtype=full.dtype)
+        self.proj.weight = torch.nn.Parameter(full.detach()[ids].clone(), requires_grad=False)
         # full id -> row of self.weight (or -1): lets training map the target's labels onto it.
         local = torch.full((self.vocab_size,), -1, dtype=torch.long, device=full.device)
         local[ids] = torch.arange(ids.numel(), device=full.device)
         self.register_buffer("local", local, persistent=False)
 
+    @property
+    def weight(self) -> torch.nn.Parameter:
+        """The target's head rows of the draft vocabulary (a copy, never trained)."""
+        return self.proj.weight
+
     def reduced(self, hidden: torch.Tensor) -> torch.Tensor:
         """Logits over the draft vocabulary only, in the order of self.ids."""
-        return torch.nn.functional.linear(hidden, self.weight)
+        return self.proj(hidden)
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
         small = self.reduced(hidden)
