@@ -213,8 +213,8 @@ def engine_only(users: int, prompts: list[str], solo: dict, a: argparse.Namespac
     bundle = get_bundle("offline")
     cores = os.cpu_count() or 1  # every core, as a hosted server's rounds get them
     torch.set_num_threads(cores)
-    rounds = Rounds(bundle.target, max_batch=users, threads=cores, share=True,
-                    prefixes=PrefixStore(PREFIX_MB * 2**20))  # as the server's (metasd.ui.generate.start_rounds)
+    rounds = Rounds(bundle.target, max_batch=users, threads=cores, share=True,  # as the server's (start_rounds)
+                    prefixes=PrefixStore(PREFIX_MB * 2**20), share_drafts=a.draft_batching == "on")
     go = threading.Event()
     runs = [UserRun(prompts[i % len(prompts)]) for i in range(users)]
 
@@ -259,10 +259,12 @@ def main() -> None:
                     help="every user's prompt its own (\"Student N asks: \" before the example): no prompt is read twice")
     ap.add_argument("--batching", choices=["on", "off"], default="on",
                     help="$METASD_BATCH for the server (rounds of many requests in one pass)")
+    ap.add_argument("--draft-batching", choices=["on", "off"], default="on",
+                    help="$METASD_BATCH_DRAFTS: every request's model-drafter forwards in one pass per drafter")
     ap.add_argument("--engine-only", action="store_true",
                     help="the same users on the engine's shared rounds in this process, without the web server")
     ap.add_argument("--server-env", nargs="*", default=[], metavar="NAME=VALUE",
-                    help="more METASD_* settings for the server (e.g. METASD_FRAME_FPS=2)")
+                    help="more METASD_* (or OpenMP) settings for the server (e.g. METASD_FRAME_FPS=2)")
     a = ap.parse_args()
     if max(a.users) > a.max_users:
         ap.error(f"at most --max-users={a.max_users} users")
@@ -280,12 +282,13 @@ def main() -> None:
             print(engine_only(n, prompts, solo, a), flush=True)
         return
     port = free_port()
-    env = scrubbed_env(SPACE_ID="local/metasd-load", PORT=str(port), METASD_BATCH="1" if a.batching == "on" else "0")
+    env = scrubbed_env(SPACE_ID="local/metasd-load", PORT=str(port), METASD_BATCH="1" if a.batching == "on" else "0",
+                       METASD_BATCH_DRAFTS="1" if a.draft_batching == "on" else "0")
     env.pop("OMP_NUM_THREADS")  # a Space sets none
     for item in a.server_env:
         name, _, value = item.partition("=")
-        if not name.startswith("METASD_") or not value:
-            ap.error(f"--server-env takes METASD_NAME=VALUE, not {item!r}")
+        if not name.startswith(("METASD_", "OMP_", "GOMP_")) or not value:
+            ap.error(f"--server-env takes METASD_NAME=VALUE (or OpenMP's OMP_/GOMP_ settings), not {item!r}")
         env[name] = value
     env["PYTHONPATH"] = str(ROOT)
     print(f"# {os.cpu_count()} cores; server: python app.py --host 127.0.0.1 (SPACE_ID, PORT={port} set)")

@@ -254,13 +254,13 @@ class _Member:
 class Rounds:
     """The lockstep driver: one thread advances every joined request round by round. Each request drafts on
     its own, except that its model drafter's forwards join those of every request on the same drafter model
-    (DraftPart, one pass each step); one pass verifies them all (verify_together); each then keeps what passed, learns and emits its
-    event, which goes to its own stream. Requests join between rounds (their prefill runs then, alone) and
+    (DraftPart, one pass each step); one pass verifies them all (verify_together); each then keeps what passed,
+    learns and emits its event, which goes to its own stream. Requests join between rounds (their prefill runs then, alone) and
     leave when done or stopped (a request's stop signal is read by its own step generator every round).
     At most `max_batch` requests share a pass; more wait, in order, for one to leave."""
 
     def __init__(self, model: torch.nn.Module, max_batch: int, threads: int | None = None, idle_s: float = 30.0,
-                 share: bool | None = None, prefixes: PrefixStore | None = None):
+                 share: bool | None = None, prefixes: PrefixStore | None = None, share_drafts: bool = True):
         if max_batch < 1:
             raise ValueError("max_batch must be at least 1")
         self.model, self.max_batch, self.threads, self.idle_s = model, max_batch, threads, idle_s
@@ -278,6 +278,7 @@ class Rounds:
         self.passes = 0
         # Drafter models whose forwards for several requests run in one pass (id -> whether that holds bit for
         # bit, measured on first use as for the target), how many such passes ran, and the most parts in one.
+        self.share_drafts = share_drafts
         self._draft_shared: dict[int, bool] = {}
         self.draft_passes = self.most_drafts = 0
 
@@ -353,7 +354,7 @@ class Rounds:
         model = parts[0].model
         key = id(model)
         if key not in self._draft_shared:
-            self._draft_shared[key] = self.share and supports(model) and row_invariant(model)
+            self._draft_shared[key] = self.share and self.share_drafts and supports(model) and row_invariant(model)
         if len(parts) == 1 or not self._draft_shared[key]:
             return [forward_alone(d) for d in parts]
         t = time.perf_counter()

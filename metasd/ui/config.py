@@ -69,6 +69,8 @@ TORCH_THREADS = int(os.environ.get("METASD_TORCH_THREADS", "0")) or (
 # costs 5-7x a solo one (measured 2026-12-02; rounds verify ~2 ids, not 5, so less in practice): 8x lets a
 # class of 32 start together instead of most of it waiting for whole runs ahead of it.
 BATCH = os.environ.get("METASD_BATCH", "1" if HOSTED else "0") == "1" and not HAS_CUDA
+# ... and in them, every running request's model-drafter forwards on one drafter in one pass ($METASD_BATCH_DRAFTS).
+BATCH_DRAFTS = os.environ.get("METASD_BATCH_DRAFTS", "1") == "1"
 BATCH_SLOWDOWN = float(os.environ.get("METASD_BATCH_SLOWDOWN", "8"))
 MAX_BATCH = int(os.environ.get("METASD_MAX_BATCH", "32"))
 KV_BUDGET_MB = int(os.environ.get("METASD_KV_BUDGET_MB", "4096"))

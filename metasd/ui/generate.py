@@ -27,6 +27,7 @@ from metasd.models.spaces import gpu_duration
 from metasd.ui import viz
 from metasd.ui.bundles import MODEL, available_presets, bundle_for, default_preset, drafters_of, measure_target
 from metasd.ui.config import (
+    BATCH_DRAFTS,
     BATCH_SLOWDOWN,
     FRAME_FPS,
     HAS_CUDA,
@@ -145,7 +146,8 @@ def start_rounds(bundle: Bundle) -> str:
     per_request = kv_bytes_per_token(bundle.target) * min(bundle.max_context, 1024 + MAX_NEW_TOKENS)
     by_memory = max(1, KV_BUDGET_MB * 2**20 // per_request)
     n = max(1, min(by_time, by_memory, MAX_BATCH))
-    ROUNDS = Rounds(bundle.target, n, threads=TORCH_THREADS, share=True, prefixes=PrefixStore(PREFIX_MB * 2**20))
+    ROUNDS = Rounds(bundle.target, n, threads=TORCH_THREADS, share=True, prefixes=PrefixStore(PREFIX_MB * 2**20),
+                    share_drafts=BATCH_DRAFTS)
     MODEL.resize(n)
     return (f"shared rounds: up to {n} runs per pass (cost model: {cost.describe()}; at most {BATCH_SLOWDOWN:g}x "
             f"a solo pass -> {by_time}; KV budget {KV_BUDGET_MB} MB -> {by_memory}; cap {MAX_BATCH}); "
