@@ -214,7 +214,7 @@ class PassCost:
 
 @torch.no_grad()
 def measure_pass_cost(model: torch.nn.Module, rows: int, requests: tuple[int, ...] = (1, 4, 8, 16, 24, 32),
-                      context: int = 32, repeats: int = 2) -> PassCost:
+                      context: int = 32, repeats: int = 3) -> PassCost:
     """Time one shared pass (verify_together) for each number of requests, every request `rows` ids after
     `context` ids of its own cache: the batch bound's cost model. The first pass warms the kernels up."""
     dev = next(model.parameters()).device
@@ -232,8 +232,13 @@ def measure_pass_cost(model: torch.nn.Module, rows: int, requests: tuple[int, ..
         return spent
 
     one_pass(1)
-    ms = [1000 * min(one_pass(n) for _ in range(repeats)) for n in requests]
-    return PassCost(tuple(requests), tuple(ms), rows)
+    # Each size is timed once per sweep and the sweeps follow one another, so a slow spell of a shared machine
+    # (its speed moved by 2x within minutes here) lands on one sample of every size rather than on every
+    # sample of the largest ones, which would tilt the fitted line and shrink the batch.
+    best = [1000 * one_pass(n) for n in requests]
+    for _ in range(repeats - 1):
+        best = [min(b, 1000 * one_pass(n)) for b, n in zip(best, requests, strict=True)]
+    return PassCost(tuple(requests), tuple(best), rows)
 
 
 class _End:
