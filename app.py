@@ -9,8 +9,10 @@ here: tests and scripts import handlers, settings and state from the metasd/ui/ 
 """
 
 import argparse
+import importlib.util
 import logging
 import os
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -96,6 +98,15 @@ def server_address() -> tuple[str, int]:
     return host, port
 
 
+def no_missing_imports(*names: str) -> None:
+    """Mark absent optional modules as absent once. gradio tries `import matplotlib` twice around every event
+    it processes; without matplotlib each try searches sys.path again, on the event loop, in the interpreter the
+    engine shares (with 32 streams, a tenth of the event loop's time under the interpreter lock)."""
+    for name in names:
+        if name not in sys.modules and importlib.util.find_spec(name) is None:
+            sys.modules[name] = None  # `import name` now fails at once, as it would after the search
+
+
 def launch(demo: gr.Blocks | None = None, host: str | None = None, port: int | None = None, **kwargs: Any):
     """Queue (bounded) and serve the page; returns what Blocks.launch returns."""
     demo = demo or build_demo()
@@ -104,6 +115,7 @@ def launch(demo: gr.Blocks | None = None, host: str | None = None, port: int | N
     # (MODEL), which tells each run its place, or that the class is full; the handlers' threads need room.
     demo.queue(max_size=QUEUE_SIZE, default_concurrency_limit=GEN_CONCURRENCY)
     watch_streams(gradio_unread(demo))  # a run whose stream nobody reads leaves the line within seconds
+    no_missing_imports("matplotlib")
     kwargs.setdefault("max_threads", GENERATE_HANDLERS + 40)
     logging.getLogger("metasd.app").info(
         "serving: %d generation(s) at once on the model, up to %d waiting in line (then: the class is full); "

@@ -549,3 +549,26 @@ def test_page_runs_share_rounds_and_get_their_solo_answers(page_offline):
         ui_generate.ROUNDS = None
         MODEL.resize(slots)
     assert MODEL.running == 0 and MODEL.waiting == 0 and not STOPS.runs
+
+
+def test_absent_optional_modules_are_marked_absent_once_and_present_ones_left_alone(monkeypatch):
+    """gradio tries `import matplotlib` around every event; the server marks it absent once (a search of
+    sys.path per try, on the event loop, slowed every stream of a class)."""
+    import importlib
+    import json
+    import sys
+
+    import app
+
+    name = "metasd_surely_not_installed_module"
+    monkeypatch.delitem(sys.modules, name, raising=False)
+    searched = []
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda n, *a: searched.append(n) or real(n, *a))
+    app.no_missing_imports(name, "json")
+    assert sys.modules[name] is None and sys.modules["json"] is json
+    monkeypatch.setattr(importlib.util, "find_spec", lambda *a: pytest.fail("searched again"))
+    with pytest.raises(ModuleNotFoundError):
+        importlib.import_module(name)
+    app.no_missing_imports(name)  # already marked: no second search
+    assert searched == [name]

@@ -331,6 +331,23 @@ def test_a_streams_text_views_are_sent_again_unchanged_and_its_figures_skipped()
     third = fill(Frame(tokens="<p>abc</p>", stats="round 3"))
     assert (third.stats, third.text) == ("round 3", "ab")
     assert Unchanged()(Frame(tokens="x")).stats is SKIP  # nothing sent yet: nothing to send again
+    import gradio as gr
+
+    # A skip made elsewhere (gr.skip() gives a new dict each call) is filled as well: left as a skip, gradio
+    # would build a new HTML component for it on every frame of every stream.
+    assert fill(Frame(tokens="<p>abcd</p>", lanes=gr.skip())).lanes == ""
+
+
+def test_figure_json_drops_nones_in_nested_dicts_and_leaves_number_lists_as_they_are():
+    from metasd.ui.viz import _without_none
+
+    ys = [0.1, 0.2, None, 0.4]  # a gap in a line is plotly's own None: kept
+    spec = {"data": [{"y": ys, "marker": {"color": None, "size": 3}}, [{"a": None, "b": [1, 2]}]],
+            "layout": {"xaxis": {"range": None, "title": {"text": "round"}}}}
+    out = _without_none(spec)
+    assert out == {"data": [{"y": ys, "marker": {"size": 3}}, [{"b": [1, 2]}]],
+                   "layout": {"xaxis": {"title": {"text": "round"}}}}
+    assert out["data"][0]["y"] is ys  # a list of numbers is not walked (figures go out on every frame)
 
 
 def test_every_drafter_of_a_preset_has_its_own_underline_and_the_stylesheet_draws_it():

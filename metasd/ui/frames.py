@@ -83,7 +83,7 @@ class Unchanged:
             v = getattr(f, name)
             if isinstance(v, str):
                 self.last[name] = v
-            elif v is SKIP and name in self.last:
+            elif v == SKIP and name in self.last:  # any gr.skip(), not only this module's
                 fill[name] = self.last[name]
         return f._replace(**fill) if fill else f
 
@@ -133,7 +133,7 @@ def live_lanes(rounds: Sequence[RoundEvent], record: RunRecord, colors: Mapping[
     """While streaming with full-information feedback, the lanes as the engine scores them (a cell it has not
     scored yet shows empty until the end); otherwise nothing to update."""
     if not record.settings.get("full_info") or not rounds:
-        return gr.skip()
+        return SKIP  # the constant, so that Unchanged sends the lanes' last text again (no component rebuilt)
     names = record.drafters or list(rounds[0].probabilities)
     cells = live_cells(rounds, names)
     return viz.lanes_html(rounds, {d: [x or 0.0 for x in lane] for d, lane in cells.items()}, colors)

@@ -330,7 +330,9 @@ def _without_none(x: Any) -> Any:
     if isinstance(x, dict):
         return {k: _without_none(v) for k, v in x.items() if v is not None}
     if isinstance(x, list):
-        return [_without_none(v) for v in x]
+        # A figure's long lists are numbers: walked only where they hold dicts or lists (every frame of
+        # every stream builds figures, in the interpreter the engine shares).
+        return [_without_none(v) for v in x] if any(isinstance(v, dict | list) for v in x) else x
     return x
 
 
