@@ -11,7 +11,10 @@ answer equals the engine's solo answer on the same prompt, and the server's RSS 
     .venv/bin/python scripts/load_users.py --users 1 8 32 --engine-only   # the same, no web server
 
 `--engine-only` runs the same users on the engine's shared rounds in this process (no server, no frames):
-the gap between its rows and the server's is what serving the page costs.
+the gap between its rows and the server's is what serving the page costs. `--beside thread|process` puts
+plain Python work beside it, busy `--beside-share` of one core (a thread of this process holding the
+interpreter lock, or a process of its own), and `--engine-threads` sets the rounds' torch threads: what
+a server's own work costs the engine, and which part of that is the shared interpreter.
 
 Bounded: at most --max-users users, each run at most --timeout seconds; the server is always killed.
 The solo answers are computed in this process before the server starts (greedy is deterministic).
@@ -23,9 +26,11 @@ import argparse
 import os
 import re
 import statistics
+import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -199,6 +204,15 @@ def drive(url: str, pid: int, users: int, prompts: list[str], solo: dict, a: arg
             f"| {len(errors)}{(': ' + errors[0]) if errors else ''} |")
 
 
+def busy(share: float, done: Callable[[], bool] = lambda: False, period_s: float = 0.02) -> None:
+    """Plain Python work, `share` of each period (the interpreter lock held throughout), asleep the rest."""
+    while not done():
+        t = time.perf_counter()
+        while time.perf_counter() - t < share * period_s:
+            pass
+        time.sleep((1 - share) * period_s)
+
+
 def engine_only(users: int, prompts: list[str], solo: dict, a: argparse.Namespace) -> str:
     """The same class on the engine alone, in this process: one Rounds driver as the server builds it, N
     threads submitting at the same moment, no web server, no frames (what the server adds is the gap)."""
@@ -211,7 +225,7 @@ def engine_only(users: int, prompts: list[str], solo: dict, a: argparse.Namespac
     from metasd.ui.config import PAGE_POLICY, PREFIX_MB
 
     bundle = get_bundle("offline")
-    cores = os.cpu_count() or 1  # every core, as a hosted server's rounds get them
+    cores = a.engine_threads or os.cpu_count() or 1  # default: every core, as a hosted server's rounds get them
     torch.set_num_threads(cores)
     rounds = Rounds(bundle.target, max_batch=users, threads=cores, share=True,  # as the server's (start_rounds)
                     prefixes=PrefixStore(PREFIX_MB * 2**20), share_drafts=a.draft_batching == "on")
@@ -235,15 +249,27 @@ def engine_only(users: int, prompts: list[str], solo: dict, a: argparse.Namespac
     for t in threads:
         t.start()
     time.sleep(1.0)
+    done = threading.Event()
+    work = None
+    if a.beside == "thread":
+        threading.Thread(target=busy, args=(a.beside_share, done.is_set), daemon=True).start()
+    elif a.beside == "process":
+        work = subprocess.Popen([sys.executable, __file__, "--busy", str(a.beside_share)])
     t0 = time.perf_counter()
     go.set()
     for t in threads:
         t.join(a.timeout)
     wall = time.perf_counter() - t0
+    done.set()
+    if work is not None:
+        work.kill()
+        work.wait()
     firsts = [r.first_token for r in runs if r.first_token is not None]
     same = sum(r.text == solo[r.prompt][0] for r in runs)
     per_user = statistics.median(r.tokens / r.wall for r in runs if r.wall)
-    return (f"| {users} | engine only | {sum(r.tokens for r in runs) / wall:.1f} | {per_user:.1f} "
+    what = "engine only" + (f", {a.engine_threads} torch thread(s)" if a.engine_threads else "") + (
+        f", {a.beside} beside ({a.beside_share:.0%} of a core)" if a.beside != "none" else "")
+    return (f"| {users} | {what} | {sum(r.tokens for r in runs) / wall:.1f} | {per_user:.1f} "
             f"| {pct(firsts, 0.5):.1f} s / {pct(firsts, 0.95):.1f} s | {users} / - / - | - | {same} of {users} "
             f"| - | {wall:.0f} s | 0 |")
 
@@ -263,9 +289,21 @@ def main() -> None:
                     help="$METASD_BATCH_DRAFTS: every request's model-drafter forwards in one pass per drafter")
     ap.add_argument("--engine-only", action="store_true",
                     help="the same users on the engine's shared rounds in this process, without the web server")
+    ap.add_argument("--engine-threads", type=int, default=0, help="--engine-only: the rounds' torch threads (0: every core)")
+    ap.add_argument("--beside", choices=["none", "thread", "process"], default="none",
+                    help="--engine-only: Python work beside the engine, in a thread of this process or a process of its own")
+    ap.add_argument("--beside-share", type=float, default=0.25, help="how busy that work keeps one core (0-1)")
+    ap.add_argument("--busy", type=float, default=None, help=argparse.SUPPRESS)  # the --beside process itself
     ap.add_argument("--server-env", nargs="*", default=[], metavar="NAME=VALUE",
                     help="more METASD_* (or OpenMP) settings for the server (e.g. METASD_FRAME_FPS=2)")
     a = ap.parse_args()
+    if a.busy is not None:  # the process beside: it ends with its parent, whatever happens to that
+        parent = os.getppid()
+        return busy(a.busy, lambda: os.getppid() != parent)
+    if not 0 < a.beside_share < 1:
+        ap.error("--beside-share is a share of one core, between 0 and 1")
+    if a.beside != "none" and not a.engine_only:
+        ap.error("--beside is for --engine-only (a server brings its own work)")
     if max(a.users) > a.max_users:
         ap.error(f"at most --max-users={a.max_users} users")
     from metasd.ui.config import EXAMPLES

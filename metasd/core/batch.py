@@ -353,14 +353,19 @@ class Rounds:
             for group in asking.values():
                 self._answer(group, lambda ms: self._draft_pass([m.x for m in ms]))
 
+    def drafts_together(self, model: torch.nn.Module) -> bool:
+        """Whether requests drafting with `model` share its forwards: probed once per model (the server probes
+        its preset's drafters at start-up, so no class waits for it; any other model on its first pass)."""
+        key = id(model)
+        if key not in self._draft_shared:
+            self._draft_shared[key] = self.share and self.share_drafts and supports(model) and row_invariant(model)
+        return self._draft_shared[key]
+
     def _draft_pass(self, parts: list[DraftPart]) -> list[torch.Tensor]:
         """One drafter model's forwards for several requests: together where the model allows it bit for bit
         (as the target's passes), else one by one; each part's share of the time goes back with it."""
         model = parts[0].model
-        key = id(model)
-        if key not in self._draft_shared:
-            self._draft_shared[key] = self.share and self.share_drafts and supports(model) and row_invariant(model)
-        if len(parts) == 1 or not self._draft_shared[key]:
+        if len(parts) == 1 or not self.drafts_together(model):
             return [forward_alone(d) for d in parts]
         t = time.perf_counter()
         out = verify_together(model, [d.part for d in parts])

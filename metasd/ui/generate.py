@@ -149,9 +149,13 @@ def start_rounds(bundle: Bundle) -> str:
     ROUNDS = Rounds(bundle.target, n, threads=TORCH_THREADS, share=True, prefixes=PrefixStore(PREFIX_MB * 2**20),
                     share_drafts=BATCH_DRAFTS)
     MODEL.resize(n)
+    rounds = ROUNDS
+    drafters = {name: m for name, m in bundle.models.items() if hasattr(m, "model")}  # LMs, not white-box heads
+    together = in_fresh_thread(lambda: [d for d, m in drafters.items() if rounds.drafts_together(m)], TORCH_THREADS,
+                               name="metasd-drafter-probe")
     return (f"shared rounds: up to {n} runs per pass (cost model: {cost.describe()}; at most {BATCH_SLOWDOWN:g}x "
             f"a solo pass -> {by_time}; KV budget {KV_BUDGET_MB} MB -> {by_memory}; cap {MAX_BATCH}); "
-            f"prompt passes kept: up to {PREFIX_MB} MB")
+            f"prompt passes kept: up to {PREFIX_MB} MB; drafting together: {', '.join(together) or 'none'}")
 
 
 def _shared(req: Any, stop: threading.Event) -> Iterator[Any]:
