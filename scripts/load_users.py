@@ -157,7 +157,10 @@ def solo_answers(prompts: list[str], n: int) -> dict[str, tuple[str, int]]:
 
 
 def rss_mb(pid: int) -> float:
-    return psutil.Process(pid).memory_info().rss / 2**20
+    """The server's memory with its children's (the shared rounds' process): proportional set sizes, so the
+    weights the two share are counted once."""
+    procs = [psutil.Process(pid), *psutil.Process(pid).children(recursive=True)]
+    return sum(p.memory_full_info().pss for p in procs) / 2**20
 
 
 def pct(xs: list[float], q: float) -> float:
@@ -331,9 +334,12 @@ def main() -> None:
     env["PYTHONPATH"] = str(ROOT)
     print(f"# {os.cpu_count()} cores; server: python app.py --host 127.0.0.1 (SPACE_ID, PORT={port} set)")
     print("| users | batching | aggregate tok/s | user tok/s (median) | first token p50 / p95 | served / told place / "
-          "told full | slowest first word after Run | answers = solo | server RSS before -> after | wall | errors |")
+          "told full | slowest first word after Run | answers = solo | server PSS before -> after | wall | errors |")
     print("|---:|---|---:|---:|---|---|---:|---|---|---:|---|")
     with started([sys.executable, "app.py", "--host", "127.0.0.1"], env, port, timeout_s=300) as served:
+        for line in served.output().splitlines():
+            if "shared rounds" in line or "serving:" in line:
+                print("#", line.split(":", 2)[-1].strip() if line.startswith("INFO:") else line)
         for n in a.users:
             print(drive(served.url, served.proc.pid, n, prompts, solo, a), flush=True)
 

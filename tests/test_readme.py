@@ -362,14 +362,15 @@ def test_priors_command(tmp_path):
 def test_load_users_command():
     """The class-at-once measurement, as BENCHMARKS.md runs it, with two users and a few tokens."""
     cmds = commands_of(("scripts/load_users.py", None), "benchmarks")
-    assert [flags(c) for c in cmds] == [["--beside", "--engine-only", "--max-new-tokens", "--users"],
+    assert [flags(c) for c in cmds] == [["--max-new-tokens", "--users"],
+                                        ["--beside", "--engine-only", "--max-new-tokens", "--users"],
                                         ["--max-new-tokens", "--users"],
                                         ["--draft-batching", "--engine-only", "--max-new-tokens", "--users"],
                                         ["--draft-batching", "--max-new-tokens", "--users"],
                                         ["--batching", "--max-new-tokens", "--users"],
                                         ["--batching", "--distinct", "--max-new-tokens", "--users"],
                                         ["--engine-only", "--max-new-tokens", "--users"]], cmds
-    cmd = cmds[5]  # every flag of the server's commands but one: each user on a prompt of its own
+    cmd = cmds[6]  # every flag of the server's commands but one: each user on a prompt of its own
     p = ok(run([program(cmd), "scripts/load_users.py", "--users", "2", "--max-new-tokens", "8", "--prompts", "2",
                 "--timeout", "120", "--batching", "on", "--distinct"], timeout=280))
     rows = [line for line in p.stdout.splitlines() if line.startswith("| 2 | on |")]
@@ -378,9 +379,10 @@ def test_load_users_command():
     assert cells[5] == "2 / 0 / 0", rows[0]  # both served, nobody told to wait or turned away
     assert cells[7] == "2 of 2", rows[0]  # each answer is its solo answer
     assert cells[-1] == "0", rows[0]  # no errors
+    assert "# shared rounds in process" in p.stdout, p.stdout  # as a Space: the rounds in a process of their own
     # The engine alone, each request's drafter forwards on their own (drafting together is on in the server run),
-    # with a process of plain Python work beside it (BENCHMARKS' first command).
-    p = ok(run([program(cmds[0]), "scripts/load_users.py", "--users", "2", "--max-new-tokens", "8", "--prompts", "2",
+    # with a process of plain Python work beside it (BENCHMARKS' second command).
+    p = ok(run([program(cmds[1]), "scripts/load_users.py", "--users", "2", "--max-new-tokens", "8", "--prompts", "2",
                 "--engine-only", "--draft-batching", "off", "--beside", "process", "--beside-share", "0.1"], timeout=280))
     rows = [line for line in p.stdout.splitlines()
             if line.startswith("| 2 | engine only, process beside (10% of a core) |")]

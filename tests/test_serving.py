@@ -104,6 +104,23 @@ def test_session_reader_gives_up_after_unread_messages():
         assert ui_session.SessionReader("nobody", patience_s=1.0)()  # nobody can tell: reading
 
 
+def test_session_reader_keeps_a_reader_that_lags_behind_a_busy_server():
+    """A loaded server sends a stream's messages late: a reader one message behind, or whose backlog goes up
+    and down, still reads; only a backlog that never shrinks is a reader gone."""
+    unread = {"s": 1}
+    with mock.patch.object(ui_session, "_unread", lambda key: unread.get(key)):
+        r = ui_session.SessionReader("s", patience_s=0.2)
+        for n in (1, 1, 2, 1, 3, 2, 1, 1):  # one behind, or catching up: over four times the patience
+            unread["s"] = n
+            assert r()
+            time.sleep(0.1)
+        for n in (2, 3, 3, 4):  # a backlog that only grows
+            unread["s"] = n
+            r()
+            time.sleep(0.1)
+        assert not r()
+
+
 # ----------------------------------------------------------------------------------------------
 # The Generate handler in line
 
@@ -516,7 +533,7 @@ def test_while_others_share_the_model_a_run_skips_its_extras(page_offline):
         assert full.record.lanes and all(len(v) == 8 for v in full.record.lanes.values())  # the live cells
     finally:
         MODEL.release()
-        ui_generate.ROUNDS = None
+        ui_generate.stop_rounds()
         MODEL.resize(slots)
     assert MODEL.running == 0 and not STOPS.runs
 
@@ -529,7 +546,7 @@ def test_page_runs_share_rounds_and_get_their_solo_answers(page_offline):
     slots = MODEL.slots
     line = ui_generate.start_rounds(bundle)
     try:
-        assert "shared rounds: up to" in line and ui_generate.ROUNDS is not None
+        assert "shared rounds in process" in line and "up to" in line and ui_generate.ROUNDS is not None
         # The preset's drafter models were probed at start-up, so the class's first rounds never wait for it.
         assert "drafting together: layer-skip, code-drafter, math-drafter, chat-drafter" in line, line
         outs: dict[int, list] = {}
@@ -549,7 +566,7 @@ def test_page_runs_share_rounds_and_get_their_solo_answers(page_offline):
         if MODEL.slots >= 2:
             assert ui_generate.ROUNDS.most >= 2, "the runs never shared a pass"
     finally:
-        ui_generate.ROUNDS = None
+        ui_generate.stop_rounds()
         MODEL.resize(slots)
     assert MODEL.running == 0 and MODEL.waiting == 0 and not STOPS.runs
 

@@ -23,7 +23,7 @@ from collections import deque
 from collections.abc import Callable, Generator, Iterator
 from copy import deepcopy
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 from transformers import DynamicCache
@@ -245,13 +245,17 @@ class _End:
     pass
 
 
-_END = _End()
+END = _END = _End()  # a request's last item in its outbox
+
+
+class Outbox(Protocol):
+    def put(self, item: Any) -> None: ...
 
 
 class _Member:
     """A joined request: its step generator (metasd.core.engine.steps), what it yielded last, its outbox."""
 
-    def __init__(self, req: Any, it: Generator, out: queue.SimpleQueue) -> None:
+    def __init__(self, req: Any, it: Generator, out: Outbox) -> None:
         self.req, self.it, self.out = req, it, out
         self.x: Any = None  # what it yielded last: a VerifyPart or DraftPart waiting for a pass, or None (not started)
 
@@ -265,10 +269,15 @@ class Rounds:
     At most `max_batch` requests share a pass; more wait, in order, for one to leave."""
 
     def __init__(self, model: torch.nn.Module, max_batch: int, threads: int | None = None, idle_s: float = 30.0,
-                 share: bool | None = None, prefixes: PrefixStore | None = None, share_drafts: bool = True):
+                 share: bool | None = None, prefixes: PrefixStore | None = None, share_drafts: bool = True,
+                 crowd_threads: int | None = None):
         if max_batch < 1:
             raise ValueError("max_batch must be at least 1")
         self.model, self.max_batch, self.threads, self.idle_s = model, max_batch, threads, idle_s
+        # torch's threads while more than one request runs (None: `threads` always). With the server's own work
+        # in another process, one thread kept its speed beside it where two lost a third (docs/BENCHMARKS.md).
+        self.crowd_threads = crowd_threads
+        self._threads_now = 0
         # Prompt passes kept for the next request with the same prompt (metasd.core.prefix), taken only by a
         # request that joins others: a class running the same examples reads each prompt once.
         self.prefixes = prefixes
@@ -290,13 +299,18 @@ class Rounds:
     def submit(self, req: Any, it: Generator) -> Iterator[Any]:
         """Join `req` (its step generator `it`); its events, in order, ending with its summary (or its error)."""
         out: queue.SimpleQueue = queue.SimpleQueue()
+        self.join(req, it, out)
+        return _drain(out)
+
+    def join(self, req: Any, it: Generator, out: Outbox) -> None:
+        """Join `req`: its events, then its error if it fails, then END, are put into `out` by the rounds'
+        thread (a queue in this process, or a pipe to another: metasd.core.remote)."""
         with self._cv:
             self._joining.append(_Member(req, it, out))
             if self._thread is None:
                 self._thread = threading.Thread(target=self._loop, name="metasd-rounds", daemon=True)
                 self._thread.start()
             self._cv.notify_all()
-        return _drain(out)
 
     @property
     def running(self) -> int:
@@ -304,15 +318,25 @@ class Rounds:
             return len(self._members) + len(self._joining)
 
     def _loop(self) -> None:
-        if self.threads:
-            torch.set_num_threads(self.threads)
+        self._threads_now = 0
         while self._admit():
             for m in list(self._members):
+                if m.x is None:  # a newcomer: its prompt's pass, one large batch, where every thread pays
+                    self._set_threads(self.threads)
                 self._advance(m, None)
+            self._set_threads()
             self._drafts()
             live = [m for m in self._members if isinstance(m.x, VerifyPart)]
             if live:
                 self._answer(live, self._pass)
+
+    def _set_threads(self, want: int | None = None) -> None:
+        """torch's threads for the next pass: `want`, or the crowd's while more than one request runs."""
+        if want is None:
+            want = self.crowd_threads if self.crowd_threads and len(self._members) > 1 else self.threads
+        if want and want != self._threads_now:
+            torch.set_num_threads(want)
+            self._threads_now = want
 
     def _answer(self, group: list[_Member], run: Callable[[list[_Member]], list[Any]]) -> None:
         """Run one pass for `group` and hand each member its result; a failed pass fails its requests only."""

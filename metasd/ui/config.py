@@ -66,12 +66,18 @@ TORCH_THREADS = int(os.environ.get("METASD_TORCH_THREADS", "0")) or (
 # where the target's linear layers are row-invariant (checked at start-up). The batch is bounded by the
 # pass-time cost model measured at start-up (each stream keeps at least 1/BATCH_SLOWDOWN of its solo
 # speed), by $METASD_KV_BUDGET_MB of KV caches and by $METASD_MAX_BATCH. On 2 cores a pass of 32 full drafts
-# costs 5-7x a solo one (measured 2026-12-02; rounds verify ~2 ids, not 5, so less in practice): 8x lets a
-# class of 32 start together instead of most of it waiting for whole runs ahead of it.
+# costs 5-10x a solo one (measured 2026-12-02 and 12-03; the machine's speed moves the fitted line): rounds
+# verify ~2 ids, not 5, so a class of 32 streams at about a sixth of a run alone (docs/BENCHMARKS.md). 12x
+# lets a class of 32 start together on any of those lines; 8x left 4-10 of them waiting for whole runs.
 BATCH = os.environ.get("METASD_BATCH", "1" if HOSTED else "0") == "1" and not HAS_CUDA
+# ... in a process of their own (metasd.core.remote; $METASD_ROUNDS_PROCESS), where torch's calls never wait for
+# the server's event loop to give the interpreter lock back, with $METASD_CROWD_THREADS torch threads while more
+# than one run shares them (TORCH_THREADS for a run alone; 0: TORCH_THREADS always).
+ROUNDS_PROCESS = os.environ.get("METASD_ROUNDS_PROCESS", "1") == "1"
+CROWD_THREADS = int(os.environ.get("METASD_CROWD_THREADS", "1"))
 # ... and in them, every running request's model-drafter forwards on one drafter in one pass ($METASD_BATCH_DRAFTS).
 BATCH_DRAFTS = os.environ.get("METASD_BATCH_DRAFTS", "1") == "1"
-BATCH_SLOWDOWN = float(os.environ.get("METASD_BATCH_SLOWDOWN", "8"))
+BATCH_SLOWDOWN = float(os.environ.get("METASD_BATCH_SLOWDOWN", "12"))
 MAX_BATCH = int(os.environ.get("METASD_MAX_BATCH", "32"))
 KV_BUDGET_MB = int(os.environ.get("METASD_KV_BUDGET_MB", "4096"))
 # Prompt passes kept for the next run of the same prompt in company (metasd.core.prefix): a page example's

@@ -19,6 +19,7 @@ from metasd.core.engine import encode_prompt, generate, prepare, steps
 from metasd.core.lanes import lanes_for
 from metasd.core.numerics import first_divergence
 from metasd.core.prefix import PrefixStore
+from metasd.core.remote import Job, RoundsProcess
 from metasd.core.streaming import EngineStream, FrameBudget, Place, Ticket, in_fresh_thread, on_event_loop
 from metasd.core.validation import InvalidInput, clean_prompt
 from metasd.models.loading import Bundle
@@ -29,6 +30,7 @@ from metasd.ui.bundles import MODEL, available_presets, bundle_for, default_pres
 from metasd.ui.config import (
     BATCH_DRAFTS,
     BATCH_SLOWDOWN,
+    CROWD_THREADS,
     FRAME_FPS,
     HAS_CUDA,
     KV_BUDGET_MB,
@@ -38,6 +40,7 @@ from metasd.ui.config import (
     PLOT_INTERVAL_S,
     PREFILL_THREADS,
     PREFIX_MB,
+    ROUNDS_PROCESS,
     SERVER_FPS,
     TORCH_THREADS,
     gpu,
@@ -118,8 +121,9 @@ def _start_engine(bundle: Bundle, prompt: Any, drafters: Any, settings: dict[str
         text = clean_prompt(prompt)
         asked = list(drafters) if isinstance(drafters, list | tuple) else drafters
         if ROUNDS is not None and bundle.target is ROUNDS.model:  # this server shares passes (start_rounds)
-            events = _shared(prepare(bundle, text, drafters=asked, max_new_tokens_limit=MAX_NEW_TOKENS, **settings),
-                             stop)
+            req = prepare(bundle, text, drafters=asked, max_new_tokens_limit=MAX_NEW_TOKENS, **settings)  # checks it
+            events = (ROUNDS.submit(Job(text, asked, settings, MAX_NEW_TOKENS), stop)
+                      if isinstance(ROUNDS, RoundsProcess) else _shared(req, stop))
         else:
             events = generate(bundle, text, drafters=asked, stop=stop, max_new_tokens_limit=MAX_NEW_TOKENS, **settings)
     except InvalidInput as e:
@@ -129,15 +133,18 @@ def _start_engine(bundle: Bundle, prompt: Any, drafters: Any, settings: dict[str
     return text, events
 
 
-# Rounds of many requests in one pass (metasd.core.batch.Rounds), where start_rounds set them up; else None.
-ROUNDS: Rounds | None = None
+# Rounds of many requests in one pass (metasd.core.batch.Rounds), where start_rounds set them up, in this process
+# or in one of their own (metasd.core.remote); else None.
+ROUNDS: Rounds | RoundsProcess | None = None
 
 
-def start_rounds(bundle: Bundle) -> str:
+def start_rounds(bundle: Bundle, process: bool = ROUNDS_PROCESS) -> str:
     """Share the target's passes between this server's page runs, if its rows are invariant: the batch bound
     from the pass-time cost model measured now and from the KV-cache budget; the admission slots follow it.
+    With `process`, the rounds run in a process forked now (call it before the server starts its threads).
     Returns the line for the startup log."""
     global ROUNDS
+    stop_rounds()
     if not row_invariant(bundle.target):
         return "shared rounds: off (this target's linear layers give a row other bits beside other rows)"
     rows = bundle.preset.gamma + 1  # a round's last id and a full draft: the most a chain round verifies
@@ -146,16 +153,28 @@ def start_rounds(bundle: Bundle) -> str:
     per_request = kv_bytes_per_token(bundle.target) * min(bundle.max_context, 1024 + MAX_NEW_TOKENS)
     by_memory = max(1, KV_BUDGET_MB * 2**20 // per_request)
     n = max(1, min(by_time, by_memory, MAX_BATCH))
-    ROUNDS = Rounds(bundle.target, n, threads=TORCH_THREADS, share=True, prefixes=PrefixStore(PREFIX_MB * 2**20),
-                    share_drafts=BATCH_DRAFTS)
+    rounds = Rounds(bundle.target, n, threads=TORCH_THREADS, share=True, prefixes=PrefixStore(PREFIX_MB * 2**20),
+                    share_drafts=BATCH_DRAFTS, crowd_threads=CROWD_THREADS if process else None)
     MODEL.resize(n)
-    rounds = ROUNDS
     drafters = {name: m for name, m in bundle.models.items() if hasattr(m, "model")}  # LMs, not white-box heads
     together = in_fresh_thread(lambda: [d for d, m in drafters.items() if rounds.drafts_together(m)], TORCH_THREADS,
-                               name="metasd-drafter-probe")
-    return (f"shared rounds: up to {n} runs per pass (cost model: {cost.describe()}; at most {BATCH_SLOWDOWN:g}x "
-            f"a solo pass -> {by_time}; KV budget {KV_BUDGET_MB} MB -> {by_memory}; cap {MAX_BATCH}); "
-            f"prompt passes kept: up to {PREFIX_MB} MB; drafting together: {', '.join(together) or 'none'}")
+                               name="metasd-drafter-probe")  # before the fork: the child keeps the answers
+    ROUNDS = RoundsProcess(bundle, rounds) if process else rounds
+    where = "in this process"
+    if isinstance(ROUNDS, RoundsProcess):
+        where = (f"in process {ROUNDS.pid} ({TORCH_THREADS} torch thread(s) for a run alone, {CROWD_THREADS or TORCH_THREADS}"
+                 " for several)")
+    return (f"shared rounds {where}: up to {n} runs per pass (cost model: {cost.describe()}; at most "
+            f"{BATCH_SLOWDOWN:g}x a solo pass -> {by_time}; KV budget {KV_BUDGET_MB} MB -> {by_memory}; cap "
+            f"{MAX_BATCH}); prompt passes kept: up to {PREFIX_MB} MB; drafting together: {', '.join(together) or 'none'}")
+
+
+def stop_rounds() -> None:
+    """No shared rounds from now on (a process of theirs ends)."""
+    global ROUNDS
+    if isinstance(ROUNDS, RoundsProcess):
+        ROUNDS.close()
+    ROUNDS = None
 
 
 def _shared(req: Any, stop: threading.Event) -> Iterator[Any]:

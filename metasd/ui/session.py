@@ -116,17 +116,22 @@ def gradio_unread(demo: gr.Blocks) -> Callable[[str], int | None]:
 
 
 class SessionReader:
-    """Whether a session still reads its stream: False once its messages have stayed unread for `patience_s`
-    (a client that joined the queue and never opened its stream, or stopped reading it)."""
+    """Whether a session still reads its stream: False once its backlog of unread messages has gone
+    `patience_s` without shrinking (a client that joined the queue and never opened its stream, or stopped
+    reading it). A backlog of one, or one that goes up and down, is a reader behind a busy server: with a class
+    on two cores the server sent streams' messages late, and a rule of "anything unread for 4 s" stopped a
+    student's run that was being read."""
 
     def __init__(self, key: str, patience_s: float | None = None) -> None:
         self.key = key
         self.patience_s = READ_PATIENCE_S if patience_s is None else patience_s
         self.read_at = time.perf_counter()
+        self.backlog = 0
 
     def __call__(self) -> bool:
         n = _unread(self.key)
         now = time.perf_counter()
-        if not n:  # nothing unread (or nobody can tell): the reader keeps up
+        if n is None or n <= 1 or n < self.backlog:  # nothing (or one) unread, nobody can tell, or some was read
             self.read_at = now
+        self.backlog = n or 0
         return now - self.read_at < self.patience_s

@@ -1,0 +1,207 @@
+"""The shared rounds (metasd.core.batch.Rounds) in a process of their own, beside the server's.
+
+Why a process: torch gives the interpreter lock back at every call, and the shared rounds make thousands of
+calls a second (attention per request and layer). In the server's process each of them waited to take the lock
+back from the event loop and the frame-building threads: with 32 streams the rounds' thread waited about half
+its time. The same Python work in another process costs the rounds nothing measurable with one torch thread
+(docs/BENCHMARKS.md, *What the server's own work costs the engine*), so on a CPU the server forks the rounds
+off at start-up, after its models are loaded: the child shares their weights (copy-on-write, never written) and
+owns every request's KV caches, drafters and bandit; the server keeps the page, the line and the frames.
+
+What crosses the pipes: a page run's job (its cleaned prompt, drafter names and settings: the child prepares
+the same Request the server validated), a Stop, and back each request's events (pickled dataclasses), its error
+and its end, with how many requests the latest pass verified together.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import multiprocessing as mp
+import os
+import pickle
+import queue
+import threading
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+from metasd.core.batch import END, Rounds, _End
+from metasd.core.engine import prepare, steps
+
+log = logging.getLogger(__name__)
+STOP_POLL_S = 0.1  # a Stop reaches the rounds within this, then the request ends at its next round
+
+
+@dataclass(frozen=True)
+class Job:
+    """What the rounds' process needs to prepare a page run's Request (metasd.core.engine.prepare)."""
+
+    prompt: str | list[int]  # the cleaned text, or ids as they are
+    drafters: list[str] | None
+    settings: dict[str, Any] = field(default_factory=dict)
+    max_new_tokens_limit: int | None = None
+
+
+class EngineGone(RuntimeError):
+    """The rounds' process ended: the runs it held end with this error, and later runs are refused."""
+
+
+class RoundsProcess:
+    """A server's handle on shared rounds running in a forked process: `submit(job, stop)` streams one run's
+    events as Rounds.submit does in-process. The child is forked here, so create it before the server starts
+    its threads (app.main does, before launch): only the forking thread lives on in the child."""
+
+    def __init__(self, bundle: Any, rounds: Rounds):
+        self.model = bundle.target  # the server's handle on the same weights: `bundle.target is ROUNDS.model`
+        self.max_batch = rounds.max_batch
+        self.together = self.most = 0
+        ctx = mp.get_context("fork")
+        cmd_recv, self._cmds = ctx.Pipe(duplex=False)
+        self._events, ev_send = ctx.Pipe(duplex=False)
+        self._proc = ctx.Process(target=_serve, args=(bundle, rounds, cmd_recv, ev_send, (self._cmds, self._events)),
+                                 name="metasd-rounds", daemon=True)
+        self._proc.start()
+        cmd_recv.close()
+        ev_send.close()
+        self._queues: dict[int, queue.SimpleQueue] = {}
+        self._ids = itertools.count(1)
+        self._lock = threading.Lock()
+        self.gone = ""  # why the child ended, once it has
+        self._closing = False
+        self._reader = threading.Thread(target=self._read, name="metasd-rounds-reader", daemon=True)
+        self._reader.start()
+
+    @property
+    def pid(self) -> int | None:
+        return self._proc.pid
+
+    def submit(self, job: Job, stop: threading.Event) -> Iterator[Any]:
+        """The run's events, in order, ending with its summary (or re-raising its error). Setting `stop`, or
+        closing the iterator, ends the run in the child at its next round."""
+        if self.gone:
+            raise EngineGone(self.gone)
+        rid = next(self._ids)
+        box: queue.SimpleQueue = queue.SimpleQueue()
+        self._queues[rid] = box
+        ended = told = False
+        try:
+            self._send(("join", rid, job))
+            while True:
+                try:
+                    item = box.get(timeout=STOP_POLL_S)
+                except queue.Empty:
+                    item = None
+                if stop.is_set() and not told:
+                    self._send(("stop", rid, None))
+                    told = True
+                if item is None:
+                    continue
+                if isinstance(item, _End):
+                    ended = True
+                    return
+                if isinstance(item, BaseException):
+                    ended = True
+                    raise item
+                yield item
+        finally:
+            self._queues.pop(rid, None)
+            if not ended and not told and not self.gone:  # closed early (a cancelled stream): free its caches there
+                self._send(("stop", rid, None))
+
+    def _send(self, msg: tuple) -> None:
+        try:
+            with self._lock:
+                self._cmds.send(msg)
+        except (OSError, ValueError) as e:
+            raise EngineGone(self.gone or f"the shared rounds' process is gone ({e})") from None
+
+    def _read(self) -> None:
+        while True:
+            try:
+                rid, item, together = self._events.recv()
+            except (EOFError, OSError):
+                break
+            self.together = together
+            self.most = max(self.most, together)
+            box = self._queues.get(rid)
+            if box is not None:
+                box.put(item)
+        self._proc.join(5)
+        if self._closing:
+            self.gone = "the shared rounds were closed"
+        else:
+            self.gone = f"the shared rounds' process ended (exit code {self._proc.exitcode}); restart the server"
+            log.error(self.gone)
+        for box in list(self._queues.values()):
+            box.put(EngineGone(self.gone))
+
+    def close(self, timeout: float = 10.0) -> None:
+        """End the child: it finishes nothing more (running requests end with an error) and exits."""
+        self._closing = True
+        try:
+            self._send(("close", 0, None))
+        except EngineGone:
+            pass
+        self._proc.join(timeout)
+        if self._proc.is_alive():
+            self._proc.terminate()
+            self._proc.join(timeout)
+        self._cmds.close()
+
+
+class _Outbox:
+    """A request's outbox in the child: every item goes down the events pipe, tagged with the request's id."""
+
+    def __init__(self, rid: int, send: Callable[[int, Any], None]):
+        self.rid, self._send = rid, send
+
+    def put(self, item: Any) -> None:
+        self._send(self.rid, item)
+
+
+def _serve(bundle: Any, rounds: Rounds, cmds: Any, events: Any, servers_ends: tuple) -> None:
+    """The child's main thread: prepare each job and join it to the rounds (whose thread then runs it), pass
+    Stops on; end when the server closes its end (or dies: its ends are closed here, so the pipe reports it)
+    or asks to."""
+    for end in servers_ends:
+        end.close()
+    lock = threading.Lock()
+    stops: dict[int, threading.Event] = {}
+
+    def send(rid: int, item: Any) -> None:
+        if isinstance(item, _End):
+            stops.pop(rid, None)
+        try:
+            data = pickle.dumps((rid, item, rounds.together), protocol=pickle.HIGHEST_PROTOCOL)
+        except Exception:  # noqa: BLE001  (an error that does not pickle still reaches its run, as text)
+            data = pickle.dumps((rid, RuntimeError(f"{type(item).__name__}: {item}"), rounds.together))
+        try:
+            with lock:
+                events.send_bytes(data)
+        except OSError:  # the server is gone: the main thread sees it too and ends
+            pass
+
+    while True:
+        try:
+            kind, rid, job = cmds.recv()
+        except (EOFError, OSError):
+            break
+        if kind == "close":
+            break
+        if kind == "stop":
+            if rid in stops:
+                stops[rid].set()
+            continue
+        stop = stops[rid] = threading.Event()
+        try:
+            req = prepare(bundle, job.prompt, drafters=job.drafters, max_new_tokens_limit=job.max_new_tokens_limit,
+                          **job.settings)
+        except BaseException as e:  # noqa: BLE001  (validated by the server already: reaches the run, not the child)
+            send(rid, e)
+            send(rid, END)
+            continue
+        rounds.join(req, steps(req, stop), _Outbox(rid, send))
+    for stop in list(stops.values()):  # running requests end at their next round
+        stop.set()
+    os._exit(0)  # nothing of the server's (atexit hooks, buffered output) runs twice in a forked child

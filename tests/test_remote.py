@@ -1,0 +1,136 @@
+"""The shared rounds in a process of their own (metasd.core.remote): each run's output is its solo output,
+a Stop and a closed stream end a run there and leave the others alone, a run's error reaches it, and a child
+that dies fails its runs with a message instead of leaving them waiting."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+import torch
+
+from metasd.core.batch import Rounds
+from metasd.core.engine import collect, generate
+from metasd.core.events import RoundEvent, Summary
+from metasd.core.remote import EngineGone, Job, RoundsProcess
+from metasd.core.validation import InvalidInput
+from metasd.models.cpu_linear import pack_linears
+from tests.tiny import tiny_bundle
+
+VOCAB = 64
+
+
+@pytest.fixture(scope="module")
+def bundle():
+    b = tiny_bundle(vocab=VOCAB)
+    pack_linears(b.target)
+    return b
+
+
+@pytest.fixture
+def remote(bundle):
+    r = RoundsProcess(bundle, Rounds(bundle.target, max_batch=4, idle_s=5.0, share=True, crowd_threads=1))
+    yield r
+    r.close()
+
+
+def _prompts(n: int) -> list[list[int]]:
+    g = torch.Generator().manual_seed(5)
+    return [torch.randint(0, VOCAB, (k,), generator=g).tolist() for k in (5, 17, 9, 30, 12, 3)[:n]]
+
+
+def _settings(i: int, temperature: float) -> dict:
+    return {"chat_template": False, "max_new_tokens": 10 + 3 * i, "temperature": temperature, "seed": i,
+            "policy": "metasd-ucb" if temperature == 0 else "round-robin"}
+
+
+def _emitted(events) -> list[int]:
+    rounds, summary = collect(events)
+    assert isinstance(summary, Summary)
+    return [t for ev in rounds for t in ev.emitted]
+
+
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_runs_in_the_rounds_process_get_their_solo_outputs(bundle, remote, temperature):
+    prompts = _prompts(6)
+    solo = [_emitted(generate(bundle, p, **_settings(i, temperature))) for i, p in enumerate(prompts)]
+    outs: dict[int, list[int]] = {}
+
+    def run(i: int) -> None:
+        outs[i] = _emitted(remote.submit(Job(prompts[i], None, _settings(i, temperature)), threading.Event()))
+
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(len(prompts))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(120)
+    assert [outs.get(i) for i in range(len(prompts))] == solo
+    assert remote.pid != os.getpid() and remote.most >= 2, "the runs never shared a pass in the child"
+
+
+def test_stop_and_a_closed_stream_end_their_runs_and_leave_the_others(bundle, remote):
+    prompts = _prompts(3)
+    long = {"chat_template": False, "max_new_tokens": 200, "temperature": 0.0, "policy": "metasd-ucb"}
+    stop = threading.Event()
+    stopped = remote.submit(Job(prompts[0], None, long), stop)
+    closed = remote.submit(Job(prompts[1], None, long), threading.Event())
+    other = remote.submit(Job(prompts[2], None, _settings(2, 0.0)), threading.Event())
+    assert isinstance(next(stopped), RoundEvent) and isinstance(next(closed), RoundEvent)
+    closed.close()  # a cancelled page stream: the child drops the run at its next round
+    stop.set()
+    t = time.perf_counter()
+    rest = list(stopped)
+    assert time.perf_counter() - t < 10
+    assert isinstance(rest[-1], Summary) and rest[-1].stop_reason == "stopped" and rest[-1].new_tokens < 200
+    assert _emitted(other) == _emitted(generate(bundle, prompts[2], **_settings(2, 0.0)))
+
+
+def test_a_runs_error_reaches_it_and_the_process_serves_on(bundle, remote):
+    bad = remote.submit(Job(_prompts(1)[0], ["no-such-drafter"], _settings(0, 0.0)), threading.Event())
+    with pytest.raises(InvalidInput, match="no-such-drafter"):
+        list(bad)
+    assert _emitted(remote.submit(Job(_prompts(1)[0], None, _settings(0, 0.0)), threading.Event()))
+
+
+def test_a_dead_rounds_process_fails_its_runs_with_a_message(bundle, remote):
+    long = {"chat_template": False, "max_new_tokens": 400, "temperature": 0.0, "policy": "metasd-ucb"}
+    run = remote.submit(Job(_prompts(1)[0], None, long), threading.Event())
+    assert isinstance(next(run), RoundEvent)
+    os.kill(remote.pid, 9)
+    with pytest.raises(EngineGone, match="process ended"):
+        list(run)
+    with pytest.raises(EngineGone):
+        next(remote.submit(Job(_prompts(1)[0], None, long), threading.Event()))
+
+
+def test_the_rounds_process_ends_when_its_server_is_killed(tmp_path):
+    """A host that kills the server (SIGKILL: nothing of the server's runs) leaves no rounds process behind."""
+    script = tmp_path / "server.py"
+    script.write_text(
+        "import sys, time\n"
+        "from metasd.core.batch import Rounds\n"
+        "from metasd.core.remote import RoundsProcess\n"
+        "from tests.tiny import tiny_bundle\n"
+        "b = tiny_bundle(vocab=64)\n"
+        "r = RoundsProcess(b, Rounds(b.target, max_batch=2, share=True))\n"
+        "print(r.pid, flush=True)\n"
+        "time.sleep(600)\n")
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
+    server = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, text=True, env=env)
+    try:
+        child = int(server.stdout.readline())
+        assert psutil.pid_exists(child)
+        server.kill()
+        server.wait(30)
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline and psutil.pid_exists(child) and psutil.Process(child).status() != "zombie":
+            time.sleep(0.2)
+        assert not psutil.pid_exists(child) or psutil.Process(child).status() == "zombie", "the rounds outlived the server"
+    finally:
+        server.kill()
