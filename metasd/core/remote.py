@@ -54,7 +54,6 @@ class RoundsProcess:
 
     def __init__(self, bundle: Any, rounds: Rounds):
         self.model = bundle.target  # the server's handle on the same weights: `bundle.target is ROUNDS.model`
-        self.max_batch = rounds.max_batch
         self.together = self.most = 0
         ctx = mp.get_context("fork")
         cmd_recv, self._cmds = ctx.Pipe(duplex=False)
