@@ -18,7 +18,7 @@ import torch
 from metasd.core.batch import Rounds
 from metasd.core.engine import collect, generate
 from metasd.core.events import RoundEvent, Summary
-from metasd.core.remote import EngineGone, Job, RoundsProcess
+from metasd.core.remote import EngineGone, Job, RoundsPool, RoundsProcess
 from metasd.core.validation import InvalidInput
 from metasd.models.cpu_linear import pack_linears
 from tests.tiny import tiny_bundle
@@ -56,14 +56,14 @@ def _emitted(events) -> list[int]:
     return [t for ev in rounds for t in ev.emitted]
 
 
-@pytest.mark.parametrize("temperature", [0.0, 1.0])
-def test_runs_in_the_rounds_process_get_their_solo_outputs(bundle, remote, temperature):
+def _at_once_equal_solo(bundle, rounds, temperature: float) -> None:
+    """Six runs submitted at once to `rounds` (a process or a pool), four at a time: each its solo output."""
     prompts = _prompts(6)
     solo = [_emitted(generate(bundle, p, **_settings(i, temperature))) for i, p in enumerate(prompts)]
     outs: dict[int, list[int]] = {}
 
     def run(i: int) -> None:
-        outs[i] = _emitted(remote.submit(Job(prompts[i], None, _settings(i, temperature)), threading.Event()))
+        outs[i] = _emitted(rounds.submit(Job(prompts[i], None, _settings(i, temperature)), threading.Event()))
 
     threads = [threading.Thread(target=run, args=(i,)) for i in range(len(prompts))]
     for t in threads:
@@ -71,6 +71,11 @@ def test_runs_in_the_rounds_process_get_their_solo_outputs(bundle, remote, tempe
     for t in threads:
         t.join(120)
     assert [outs.get(i) for i in range(len(prompts))] == solo
+
+
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_runs_in_the_rounds_process_get_their_solo_outputs(bundle, remote, temperature):
+    _at_once_equal_solo(bundle, remote, temperature)
     assert remote.pid != os.getpid() and remote.most >= 2, "the runs never shared a pass in the child"
 
 
@@ -110,27 +115,88 @@ def test_a_dead_rounds_process_fails_its_runs_with_a_message(bundle, remote):
 
 
 def test_the_rounds_process_ends_when_its_server_is_killed(tmp_path):
-    """A host that kills the server (SIGKILL: nothing of the server's runs) leaves no rounds process behind."""
+    """A host that kills the server (SIGKILL: nothing of the server's runs) leaves no rounds process behind, the
+    first of a pool included (the second was forked with the server's ends of the first's pipes: it closes them)."""
     script = tmp_path / "server.py"
     script.write_text(
         "import sys, time\n"
         "from metasd.core.batch import Rounds\n"
-        "from metasd.core.remote import RoundsProcess\n"
+        "from metasd.core.remote import RoundsPool\n"
         "from tests.tiny import tiny_bundle\n"
         "b = tiny_bundle(vocab=64)\n"
-        "r = RoundsProcess(b, Rounds(b.target, max_batch=2, share=True))\n"
-        "print(r.pid, flush=True)\n"
+        "r = RoundsPool(b, Rounds(b.target, max_batch=2, share=True), 2)\n"
+        "print(*r.pids, flush=True)\n"
         "time.sleep(600)\n")
     env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
     server = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, text=True, env=env)
     try:
-        child = int(server.stdout.readline())
-        assert psutil.pid_exists(child)
+        children = [int(x) for x in server.stdout.readline().split()]
+        assert len(children) == 2 and all(psutil.pid_exists(c) for c in children)
         server.kill()
         server.wait(30)
+
+        def alive(pid: int) -> bool:
+            return psutil.pid_exists(pid) and psutil.Process(pid).status() != "zombie"
+
         deadline = time.monotonic() + 20
-        while time.monotonic() < deadline and psutil.pid_exists(child) and psutil.Process(child).status() != "zombie":
+        while time.monotonic() < deadline and any(alive(c) for c in children):
             time.sleep(0.2)
-        assert not psutil.pid_exists(child) or psutil.Process(child).status() == "zombie", "the rounds outlived the server"
+        assert not any(alive(c) for c in children), "the rounds outlived the server"
     finally:
         server.kill()
+
+
+@pytest.fixture
+def pool(bundle):
+    p = RoundsPool(bundle, Rounds(bundle.target, max_batch=4, idle_s=5.0, share=True, crowd_threads=1), 2)
+    yield p
+    p.close()
+
+
+def test_a_pool_spreads_a_class_over_its_processes_each_run_its_solo_output(bundle, pool):
+    _at_once_equal_solo(bundle, pool, 1.0)
+    assert len(set(pool.pids)) == 2 and os.getpid() not in pool.pids
+    assert all(p.most >= 1 for p in pool.processes), "a process of the pool served nobody"
+    assert pool.most >= 2, "no process shared a pass"
+
+
+def test_a_pool_serves_on_with_one_process_dead(bundle, pool):
+    os.kill(pool.processes[0].pid, 9)
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline and not pool.processes[0].gone:
+        time.sleep(0.1)
+    assert pool.processes[0].gone and not pool.gone
+    job = Job(_prompts(1)[0], None, _settings(0, 0.0))
+    assert _emitted(pool.submit(job, threading.Event())) == _emitted(generate(bundle, _prompts(1)[0], **_settings(0, 0.0)))
+    os.kill(pool.processes[1].pid, 9)
+    while time.monotonic() < deadline + 20 and not pool.gone:
+        time.sleep(0.1)
+    with pytest.raises(EngineGone):
+        next(pool.submit(job, threading.Event()))
+
+
+class _Beside:
+    """Another process's requests, as a pool's shared load reports them."""
+
+    def __init__(self, n: int):
+        self.n, self.mine = n, None
+
+    def publish(self, n: int) -> None:
+        self.mine = n
+
+    def others(self) -> int:
+        return self.n
+
+
+def test_rounds_take_every_core_only_while_nobody_computes_beside_them(bundle):
+    before = torch.get_num_threads()
+    try:
+        rounds = Rounds(bundle.target, max_batch=4, threads=2, share=True, crowd_threads=1)
+        rounds.neighbours = beside = _Beside(0)
+        rounds._set_threads()
+        assert rounds._threads_now == 2  # nobody here, nobody beside: a run alone gets every core
+        beside.n = 3
+        rounds._set_threads()
+        assert rounds._threads_now == 1  # another process computes: one core each
+    finally:
+        torch.set_num_threads(before)

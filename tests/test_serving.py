@@ -484,8 +484,10 @@ def test_verify_together_is_bitwise_the_solo_pass_on_the_offline_model(page_offl
     assert row_invariant(target)
     g = torch.Generator().manual_seed(0)
     vocab = target.config.vocab_size
-    prompts = [torch.randint(0, vocab, (n,), generator=g).tolist() for n in (7, 40, 3)]
-    drafts = [torch.randint(0, vocab, (k,), generator=g).tolist() for k in (4, 0, 6)]
+    # Parts of one row (no mask), of several rows after short and long caches (the attention's own blocks
+    # over the keys: more than one past 512 of them), each against the solo pass that transformers' sdpa runs.
+    prompts = [torch.randint(0, vocab, (n,), generator=g).tolist() for n in (7, 40, 3, 700, 90)]
+    drafts = [torch.randint(0, vocab, (k,), generator=g).tolist() for k in (4, 0, 6, 2, 1)]
     caches, solo = [], []
     with torch.no_grad():
         for p, d in zip(prompts, drafts, strict=True):
@@ -539,9 +541,10 @@ def test_while_others_share_the_model_a_run_skips_its_extras(page_offline):
 
 
 def test_page_runs_share_rounds_and_get_their_solo_answers(page_offline):
-    """The serving path with shared rounds on: two sessions' runs at once, each its solo answer."""
+    """The serving path with shared rounds on (one process per core): four sessions' runs at once, each its solo
+    answer, and runs sharing passes in a process."""
     bundle = get_bundle("offline")
-    prompts = [e["turns"][0] for e in EXAMPLES[4:6]]
+    prompts = [e["turns"][0] for e in EXAMPLES[4:8]]
     solo = [_emitted(generate(bundle, p, max_new_tokens=12, policy=PAGE_POLICY)) for p in prompts]
     slots = MODEL.slots
     line = ui_generate.start_rounds(bundle)
@@ -555,15 +558,15 @@ def test_page_runs_share_rounds_and_get_their_solo_answers(page_offline):
             outs[i] = list(generate_view(prompts[i], "offline", max_new_tokens=12, request=req(f"class-{i}")))
 
         with mock.patch("metasd.core.batch.row_invariant", side_effect=AssertionError("probed on a class's path")):
-            threads = [threading.Thread(target=run, args=(i,)) for i in range(2)]
+            threads = [threading.Thread(target=run, args=(i,)) for i in range(len(prompts))]
             for t in threads:
                 t.start()
             for t in threads:
                 t.join(300)
-        for i in range(2):
+        for i in range(len(prompts)):
             record = outs[i][-1].record
             assert [t for ev in record.rounds for t in ev.emitted] == solo[i]
-        if MODEL.slots >= 2:
+        if MODEL.slots >= len(prompts):
             assert ui_generate.ROUNDS.most >= 2, "the runs never shared a pass"
     finally:
         ui_generate.stop_rounds()

@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 import torch
+import torch.nn.functional as F
 from transformers import DynamicCache
 from transformers.masking_utils import create_causal_mask
 from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
@@ -116,8 +117,8 @@ def verify_together(model: torch.nn.Module, parts: list[VerifyPart]) -> list[tor
     # over all rows gives each row the bits its own pass gives it.
     pos = torch.tensor([[p.start + i for p in parts for i in range(len(p.ids))]], device=dev)
     rotary = lm.rotary_emb(h, position_ids=pos)
-    masks = [create_causal_mask(config=lm.config, inputs_embeds=h[:, a:b], attention_mask=None,
-                                past_key_values=p.cache, position_ids=pos[:, a:b])
+    masks = [_pass_mask(create_causal_mask(config=lm.config, inputs_embeds=h[:, a:b], attention_mask=None,
+                                           past_key_values=p.cache, position_ids=pos[:, a:b]), b - a)
              for p, (a, b) in zip(parts, spans, strict=True)]  # each part's own, as its own forward builds it
     for layer in lm.layers[: lm.config.num_hidden_layers]:
         residual = h
@@ -146,12 +147,43 @@ def _attention(attn: torch.nn.Module, x: torch.Tensor, parts: list[VerifyPart], 
     v = attn.v_proj(x).view(shape).transpose(1, 2)
     q, k = apply_rotary_pos_emb(q, k, *rotary)
     interface: Callable = ALL_ATTENTION_FUNCTIONS.get_interface(attn.config._attn_implementation, _eager_missing)
+    direct = _direct_sdpa(attn, q)
     out = torch.empty((1, x.shape[1], q.shape[1] * attn.head_dim), dtype=q.dtype, device=q.device)
     for p, (a, b), mask in zip(parts, spans, masks, strict=True):
         keys, values = p.cache.update(k[:, :, a:b], v[:, :, a:b], attn.layer_idx)
-        o, _ = interface(attn, q[:, :, a:b], keys, values, mask, dropout=0.0, scaling=attn.scaling)
+        if direct and isinstance(mask, _Additive):
+            o = F.scaled_dot_product_attention(q[:, :, a:b], keys, values, attn_mask=mask.bias, scale=attn.scaling,
+                                               enable_gqa=True).transpose(1, 2)
+        else:
+            mask = mask.mask if isinstance(mask, _Additive) else mask
+            o, _ = interface(attn, q[:, :, a:b], keys, values, mask, dropout=0.0, scaling=attn.scaling)
         out[:, a:b] = o.reshape(1, b - a, -1)
     return attn.o_proj(out)
+
+
+@dataclass
+class _Additive:
+    """A part's boolean mask, and the additive float bias (0 / -inf) sdpa turns it into, made once per pass."""
+
+    mask: torch.Tensor
+    bias: torch.Tensor
+
+
+def _pass_mask(mask: object, rows: int) -> object:
+    """What each layer's attention is handed for one part: transformers' mask as is, or, where sdpa would
+    expand the key/value heads for it (several query rows and a boolean mask on the CPU), an `_Additive`."""
+    if rows > 1 and isinstance(mask, torch.Tensor) and mask.dtype == torch.bool and mask.device.type == "cpu":
+        return _Additive(mask, torch.zeros(mask.shape, dtype=torch.float32).masked_fill_(~mask, float("-inf")))
+    return mask
+
+
+def _direct_sdpa(attn: torch.nn.Module, q: torch.Tensor) -> bool:
+    """Whether a part's attention may call torch's sdpa itself with grouped key/value heads (`enable_gqa`)
+    instead of transformers' sdpa, which copies the key/value heads out for every query group first when
+    there is a mask. On the CPU the flash kernel reads the same numbers either way, so the bits are the same
+    (tests check it against the solo pass) and a part's attention costs 2.5x less at a class's size."""
+    return (attn.config._attn_implementation == "sdpa" and q.device.type == "cpu" and q.dtype == torch.float32
+            and getattr(attn, "num_key_value_groups", 1) > 1)
 
 
 def _eager_missing(*args: object, **kwargs: object) -> None:
@@ -252,6 +284,15 @@ class Outbox(Protocol):
     def put(self, item: Any) -> None: ...
 
 
+class Neighbours(Protocol):
+    """Other rounds on the same machine (metasd.core.remote.RoundsPool): how many requests they hold, so that a
+    driver takes every core only while nobody else computes, and what this one holds, for theirs."""
+
+    def publish(self, n: int) -> None: ...
+
+    def others(self) -> int: ...
+
+
 class _Member:
     """A joined request: its step generator (metasd.core.engine.steps), what it yielded last, its outbox."""
 
@@ -278,6 +319,7 @@ class Rounds:
         # in another process, one thread kept its speed beside it where two lost a third (docs/BENCHMARKS.md).
         self.crowd_threads = crowd_threads
         self._threads_now = 0
+        self.neighbours: Neighbours | None = None  # other rounds' processes on this machine, where there are
         # Prompt passes kept for the next request with the same prompt (metasd.core.prefix), taken only by a
         # request that joins others: a class running the same examples reads each prompt once.
         self.prefixes = prefixes
@@ -307,6 +349,7 @@ class Rounds:
         thread (a queue in this process, or a pipe to another: metasd.core.remote)."""
         with self._cv:
             self._joining.append(_Member(req, it, out))
+            self._publish()  # at once: a neighbour choosing its threads now counts this one
             if self._thread is None:
                 self._thread = threading.Thread(target=self._loop, name="metasd-rounds", daemon=True)
                 self._thread.start()
@@ -322,7 +365,7 @@ class Rounds:
         while self._admit():
             for m in list(self._members):
                 if m.x is None:  # a newcomer: its prompt's pass, one large batch, where every thread pays
-                    self._set_threads(self.threads)
+                    self._set_threads(self.threads if not self._elsewhere() else None)
                 self._advance(m, None)
             self._set_threads()
             self._drafts()
@@ -330,10 +373,16 @@ class Rounds:
             if live:
                 self._answer(live, self._pass)
 
+    def _elsewhere(self) -> int:
+        """Requests the neighbouring rounds hold now (0 without neighbours)."""
+        return self.neighbours.others() if self.neighbours is not None else 0
+
     def _set_threads(self, want: int | None = None) -> None:
-        """torch's threads for the next pass: `want`, or the crowd's while more than one request runs."""
+        """torch's threads for the next pass: `want`, or the crowd's while more than one request runs here or
+        beside (two processes on every core each would fight over the cores)."""
         if want is None:
-            want = self.crowd_threads if self.crowd_threads and len(self._members) > 1 else self.threads
+            crowd = len(self._members) + self._elsewhere() > 1
+            want = self.crowd_threads if self.crowd_threads and crowd else self.threads
         if want and want != self._threads_now:
             torch.set_num_threads(want)
             self._threads_now = want
@@ -353,6 +402,7 @@ class Rounds:
         """Take joining requests up to max_batch; False (the thread ends) after idle_s with nobody."""
         with self._cv:
             while not self._members and not self._joining:
+                self._publish()
                 if not self._cv.wait(self.idle_s) and not self._joining:
                     self._thread = None
                     return False
@@ -361,8 +411,13 @@ class Rounds:
                 self._members.append(m)
                 if self.prefixes is not None:
                     m.req.prefixes = self.prefixes
-                    m.req.prefix_reuse = len(self._members) + len(self._joining) > 1
+                    m.req.prefix_reuse = len(self._members) + len(self._joining) + self._elsewhere() > 1
+            self._publish()
             return True
+
+    def _publish(self) -> None:
+        if self.neighbours is not None:
+            self.neighbours.publish(len(self._members) + len(self._joining))
 
     def _drafts(self) -> None:
         """Run the members' drafter forwards until every one waits for its verification: one pass per drafter

@@ -11,6 +11,13 @@ owns every request's KV caches, drafters and bandit; the server keeps the page, 
 What crosses the pipes: a page run's job (its cleaned prompt, drafter names and settings: the child prepares
 the same Request the server validated), a Stop, and back each request's events (pickled dataclasses), its error
 and its end, with how many requests the latest pass verified together.
+
+Why one process per core (RoundsPool): a class's pass is compute-bound on one core (the linear layers over
+every row, then attention request by request, in one thread), and a second torch thread in the same process
+gained nothing; two processes, each with half the class on a core of its own, served 1.5-1.8x the tokens on the
+engine alone and about 1.2x through the server, whose own work now comes out of their cores (docs/BENCHMARKS.md).
+They tell each other how many requests they hold (shared memory), so that one takes every core only while the
+other is idle, and they run niced below the server (NICE).
 """
 
 from __future__ import annotations
@@ -22,7 +29,7 @@ import os
 import pickle
 import queue
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -31,6 +38,11 @@ from metasd.core.engine import prepare, steps
 
 log = logging.getLogger(__name__)
 STOP_POLL_S = 0.1  # a Stop reaches the rounds within this, then the request ends at its next round
+# The rounds' processes yield the cores to the server's: its event loop takes a class's 32 Runs, validates them and
+# streams the frames, in a fraction of a core, but only if it gets that fraction when it asks. At the same priority
+# two busy rounds' processes kept 28 of 32 Runs from reaching them for 7 s and left students' streams silent long
+# enough for their clients to give up (read time-outs); niced, they still take every cycle the server leaves.
+NICE = 10
 
 
 @dataclass(frozen=True)
@@ -52,14 +64,20 @@ class RoundsProcess:
     events as Rounds.submit does in-process. The child is forked here, so create it before the server starts
     its threads (app.main does, before launch): only the forking thread lives on in the child."""
 
-    def __init__(self, bundle: Any, rounds: Rounds):
+    def __init__(self, bundle: Any, rounds: Rounds, load: Any = None, slot: int = 0,
+                 siblings: Sequence[RoundsProcess] = (), read: bool = True):
+        """`load` (a shared int array, one per process of a pool) and `slot` (this one's place in it): how many
+        requests each holds. `siblings`: the pool's processes forked before this one, whose server ends the
+        child closes (else a killed server's earlier children would never see their pipes close). Without
+        `read`, the thread reading the child's events starts later (`start_reading`: after a pool's forks)."""
         self.model = bundle.target  # the server's handle on the same weights: `bundle.target is ROUNDS.model`
         self.together = self.most = 0
         ctx = mp.get_context("fork")
         cmd_recv, self._cmds = ctx.Pipe(duplex=False)
         self._events, ev_send = ctx.Pipe(duplex=False)
-        self._proc = ctx.Process(target=_serve, args=(bundle, rounds, cmd_recv, ev_send, (self._cmds, self._events)),
-                                 name="metasd-rounds", daemon=True)
+        ends = [self._cmds, self._events] + [e for s in siblings for e in (s._cmds, s._events)]
+        self._proc = ctx.Process(target=_serve, args=(bundle, rounds, cmd_recv, ev_send, ends, load, slot),
+                                 name=f"metasd-rounds-{slot}", daemon=True)
         self._proc.start()
         cmd_recv.close()
         ev_send.close()
@@ -69,7 +87,12 @@ class RoundsProcess:
         self.gone = ""  # why the child ended, once it has
         self._closing = False
         self._reader = threading.Thread(target=self._read, name="metasd-rounds-reader", daemon=True)
-        self._reader.start()
+        if read:
+            self.start_reading()
+
+    def start_reading(self) -> None:
+        if self._reader.ident is None:
+            self._reader.start()
 
     @property
     def pid(self) -> int | None:
@@ -149,6 +172,73 @@ class RoundsProcess:
         self._cmds.close()
 
 
+class RoundsPool:
+    """Shared rounds in `n` forked processes (one per core): each run goes to the process holding the fewest, and
+    runs there with those; the server's handle looks like one RoundsProcess (`submit`, `together`, `close`)."""
+
+    def __init__(self, bundle: Any, rounds: Rounds, n: int):
+        self.model = bundle.target
+        load = mp.get_context("fork").Array("i", n, lock=False)
+        self.processes: list[RoundsProcess] = []
+        for slot in range(n):  # every fork first, then the readers: each child begins with the forking thread alone
+            self.processes.append(RoundsProcess(bundle, rounds, load, slot, self.processes, read=False))
+        for p in self.processes:
+            p.start_reading()
+        self._running = [0] * n
+        self._lock = threading.Lock()
+
+    @property
+    def most(self) -> int:
+        """The most requests one pass has verified, in any of the processes."""
+        return max(p.most for p in self.processes)
+
+    @property
+    def pids(self) -> list[int | None]:
+        return [p.pid for p in self.processes]
+
+    @property
+    def gone(self) -> str:
+        """Why the shared rounds ended, once every process has."""
+        return self.processes[0].gone if all(p.gone for p in self.processes) else ""
+
+    @property
+    def together(self) -> int:
+        """Requests the latest passes verified together, over the processes serving someone now."""
+        with self._lock:
+            busy = [p for p, n in zip(self.processes, self._running, strict=True) if n]
+        return sum(p.together for p in busy)
+
+    def submit(self, job: Job, stop: threading.Event) -> Iterator[Any]:
+        """As RoundsProcess.submit, in the process holding the fewest runs (a dead one takes none)."""
+        with self._lock:
+            live = [i for i, p in enumerate(self.processes) if not p.gone] or [0]
+            i = min(live, key=lambda j: self._running[j])
+            self._running[i] += 1
+        try:
+            yield from self.processes[i].submit(job, stop)
+        finally:
+            with self._lock:
+                self._running[i] -= 1
+
+    def close(self, timeout: float = 10.0) -> None:
+        for p in self.processes:
+            p.close(timeout)
+
+
+class _Load:
+    """A pool process's view of the shared load array (metasd.core.batch.Neighbours): its own slot, the sum of
+    the others'. Each slot has one writer, so no lock: a reading a pass late only delays a thread change."""
+
+    def __init__(self, load: Any, slot: int):
+        self.load, self.slot = load, slot
+
+    def publish(self, n: int) -> None:
+        self.load[self.slot] = n
+
+    def others(self) -> int:
+        return sum(self.load) - self.load[self.slot]
+
+
 class _Outbox:
     """A request's outbox in the child: every item goes down the events pipe, tagged with the request's id."""
 
@@ -159,12 +249,15 @@ class _Outbox:
         self._send(self.rid, item)
 
 
-def _serve(bundle: Any, rounds: Rounds, cmds: Any, events: Any, servers_ends: tuple) -> None:
+def _serve(bundle: Any, rounds: Rounds, cmds: Any, events: Any, servers_ends: list, load: Any, slot: int) -> None:
     """The child's main thread: prepare each job and join it to the rounds (whose thread then runs it), pass
     Stops on; end when the server closes its end (or dies: its ends are closed here, so the pipe reports it)
     or asks to."""
     for end in servers_ends:
         end.close()
+    os.nice(NICE)
+    if load is not None:
+        rounds.neighbours = _Load(load, slot)
     lock = threading.Lock()
     stops: dict[int, threading.Event] = {}
 

@@ -70,10 +70,13 @@ TORCH_THREADS = int(os.environ.get("METASD_TORCH_THREADS", "0")) or (
 # verify ~2 ids, not 5, so a class of 32 streams at about a sixth of a run alone (docs/BENCHMARKS.md). 12x
 # lets a class of 32 start together on any of those lines; 8x left 4-10 of them waiting for whole runs.
 BATCH = os.environ.get("METASD_BATCH", "1" if HOSTED else "0") == "1" and not HAS_CUDA
-# ... in a process of their own (metasd.core.remote; $METASD_ROUNDS_PROCESS), where torch's calls never wait for
-# the server's event loop to give the interpreter lock back, with $METASD_CROWD_THREADS torch threads while more
-# than one run shares them (TORCH_THREADS for a run alone; 0: TORCH_THREADS always).
-ROUNDS_PROCESS = os.environ.get("METASD_ROUNDS_PROCESS", "1") == "1"
+# ... in processes of their own (metasd.core.remote), where torch's calls never wait for the server's event loop to
+# give the interpreter lock back: $METASD_ROUNDS_PROCESS of them (default one per core; 0: in the server's process),
+# each with $METASD_CROWD_THREADS torch threads while more than one run is served (TORCH_THREADS for a run alone;
+# 0: TORCH_THREADS always). A class's pass is compute-bound on one thread and a second thread in the same process
+# gained nothing, where two processes with half the class each served 1.5-1.8x the tokens on the engine alone and
+# about 1.2x through the server (docs/BENCHMARKS.md).
+ROUNDS_PROCESS = max(0, int(os.environ.get("METASD_ROUNDS_PROCESS", str(_CORES))))
 CROWD_THREADS = int(os.environ.get("METASD_CROWD_THREADS", "1"))
 # ... and in them, every running request's model-drafter forwards on one drafter in one pass ($METASD_BATCH_DRAFTS).
 BATCH_DRAFTS = os.environ.get("METASD_BATCH_DRAFTS", "1") == "1"

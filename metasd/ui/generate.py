@@ -19,7 +19,7 @@ from metasd.core.engine import encode_prompt, generate, prepare, steps
 from metasd.core.lanes import lanes_for
 from metasd.core.numerics import first_divergence
 from metasd.core.prefix import PrefixStore
-from metasd.core.remote import Job, RoundsProcess
+from metasd.core.remote import Job, RoundsPool
 from metasd.core.streaming import EngineStream, FrameBudget, Place, Ticket, in_fresh_thread, on_event_loop
 from metasd.core.validation import InvalidInput, clean_prompt
 from metasd.models.loading import Bundle
@@ -123,7 +123,7 @@ def _start_engine(bundle: Bundle, prompt: Any, drafters: Any, settings: dict[str
         if ROUNDS is not None and bundle.target is ROUNDS.model:  # this server shares passes (start_rounds)
             req = prepare(bundle, text, drafters=asked, max_new_tokens_limit=MAX_NEW_TOKENS, **settings)  # checks it
             events = (ROUNDS.submit(Job(text, asked, settings, MAX_NEW_TOKENS), stop)
-                      if isinstance(ROUNDS, RoundsProcess) else _shared(req, stop))
+                      if isinstance(ROUNDS, RoundsPool) else _shared(req, stop))
         else:
             events = generate(bundle, text, drafters=asked, stop=stop, max_new_tokens_limit=MAX_NEW_TOKENS, **settings)
     except InvalidInput as e:
@@ -135,14 +135,14 @@ def _start_engine(bundle: Bundle, prompt: Any, drafters: Any, settings: dict[str
 
 # Rounds of many requests in one pass (metasd.core.batch.Rounds), where start_rounds set them up, in this process
 # or in one of their own (metasd.core.remote); else None.
-ROUNDS: Rounds | RoundsProcess | None = None
+ROUNDS: Rounds | RoundsPool | None = None
 
 
-def start_rounds(bundle: Bundle, process: bool = ROUNDS_PROCESS) -> str:
+def start_rounds(bundle: Bundle, process: int = ROUNDS_PROCESS) -> str:
     """Share the target's passes between this server's page runs, if its rows are invariant: the batch bound
     from the pass-time cost model measured now and from the KV-cache budget; the admission slots follow it.
-    With `process`, the rounds run in a process forked now (call it before the server starts its threads).
-    Returns the line for the startup log."""
+    With `process` > 0, the rounds run in that many processes forked now (call it before the server starts its
+    threads), each run in one of them. Returns the line for the startup log."""
     global ROUNDS
     stop_rounds()
     if not row_invariant(bundle.target):
@@ -153,26 +153,30 @@ def start_rounds(bundle: Bundle, process: bool = ROUNDS_PROCESS) -> str:
     per_request = kv_bytes_per_token(bundle.target) * min(bundle.max_context, 1024 + MAX_NEW_TOKENS)
     by_memory = max(1, KV_BUDGET_MB * 2**20 // per_request)
     n = max(1, min(by_time, by_memory, MAX_BATCH))
-    rounds = Rounds(bundle.target, n, threads=TORCH_THREADS, share=True, prefixes=PrefixStore(PREFIX_MB * 2**20),
-                    share_drafts=BATCH_DRAFTS, crowd_threads=CROWD_THREADS if process else None)
+    # Every process keeps its own prompt passes: the budget is theirs together.
+    rounds = Rounds(bundle.target, n, threads=TORCH_THREADS, share=True,
+                    prefixes=PrefixStore(PREFIX_MB * 2**20 // max(1, process)), share_drafts=BATCH_DRAFTS,
+                    crowd_threads=CROWD_THREADS if process else None)
     MODEL.resize(n)
     drafters = {name: m for name, m in bundle.models.items() if hasattr(m, "model")}  # LMs, not white-box heads
     together = in_fresh_thread(lambda: [d for d, m in drafters.items() if rounds.drafts_together(m)], TORCH_THREADS,
                                name="metasd-drafter-probe")  # before the fork: the child keeps the answers
-    ROUNDS = RoundsProcess(bundle, rounds) if process else rounds
+    ROUNDS = RoundsPool(bundle, rounds, process) if process else rounds
     where = "in this process"
-    if isinstance(ROUNDS, RoundsProcess):
-        where = (f"in process {ROUNDS.pid} ({TORCH_THREADS} torch thread(s) for a run alone, {CROWD_THREADS or TORCH_THREADS}"
-                 " for several)")
-    return (f"shared rounds {where}: up to {n} runs per pass (cost model: {cost.describe()}; at most "
+    if isinstance(ROUNDS, RoundsPool):
+        pids = ", ".join(str(p) for p in ROUNDS.pids)
+        where = (f"in process{'es' if process > 1 else ''} {pids} (each run in the one holding the fewest; "
+                 f"{TORCH_THREADS} torch thread(s) for a run alone, {CROWD_THREADS or TORCH_THREADS} each while "
+                 "several run)")
+    return (f"shared rounds {where}: up to {n} runs at once (cost model: {cost.describe()}; at most "
             f"{BATCH_SLOWDOWN:g}x a solo pass -> {by_time}; KV budget {KV_BUDGET_MB} MB -> {by_memory}; cap "
             f"{MAX_BATCH}); prompt passes kept: up to {PREFIX_MB} MB; drafting together: {', '.join(together) or 'none'}")
 
 
 def stop_rounds() -> None:
-    """No shared rounds from now on (a process of theirs ends)."""
+    """No shared rounds from now on (their processes end)."""
     global ROUNDS
-    if isinstance(ROUNDS, RoundsProcess):
+    if isinstance(ROUNDS, RoundsPool):
         ROUNDS.close()
     ROUNDS = None
 
