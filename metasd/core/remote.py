@@ -41,8 +41,9 @@ STOP_POLL_S = 0.1  # a Stop reaches the rounds within this, then the request end
 # The rounds' processes yield the cores to the server's: its event loop takes a class's 32 Runs, validates them and
 # streams the frames, in a fraction of a core, but only if it gets that fraction when it asks. At the same priority
 # two busy rounds' processes kept 28 of 32 Runs from reaching them for 7 s and left students' streams silent long
-# enough for their clients to give up (read time-outs); niced, they still take every cycle the server leaves.
-NICE = 10
+# enough for their clients to give up (read time-outs); niced, they still take every cycle the server leaves
+# ($METASD_ROUNDS_NICE: 0 for the server's priority).
+NICE = int(os.environ.get("METASD_ROUNDS_NICE", "10"))
 
 
 @dataclass(frozen=True)
