@@ -43,7 +43,7 @@ from metasd.ui.errors import name_input_errors  # noqa: E402
 from metasd.ui.files import TMP, TMP_MAX_AGE_S  # noqa: E402
 from metasd.ui.generate import start_rounds, stop_generation  # noqa: E402
 from metasd.ui.replay import stop_replay  # noqa: E402
-from metasd.ui.session import gradio_unread, watch_streams  # noqa: E402
+from metasd.ui.session import gradio_unread, quiet_queue, watch_streams  # noqa: E402
 from metasd.ui.tabs import build_compare_tab, build_generate_tab, build_playground_tab, build_replay_tab  # noqa: E402
 from metasd.ui.text import HEAD, HERO  # noqa: E402
 
@@ -114,6 +114,7 @@ def launch(demo: gr.Blocks | None = None, host: str | None = None, port: int | N
     # Gradio's queue is bounded, but Generate's handlers all start at once and wait in the app's own line
     # (MODEL), which tells each run its place, or that the class is full; the handlers' threads need room.
     demo.queue(max_size=QUEUE_SIZE, default_concurrency_limit=GEN_CONCURRENCY)
+    quiet_queue(demo)  # gradio's queue polls every 1 ms: ~10% of a core on an idle server
     watch_streams(gradio_unread(demo))  # a run whose stream nobody reads leaves the line within seconds
     no_missing_imports("matplotlib")
     kwargs.setdefault("max_threads", GENERATE_HANDLERS + 40)

@@ -116,6 +116,11 @@ def test_page_streams_coloured_tokens_and_plots(page):
         const r = document.getElementById(id).getBoundingClientRect();
         return r.top >= 0 && r.bottom <= window.innerHeight; })""", timeout=5_000)
 
+    # Count the DOM changes of the token view and of the arm plot while the answer streams.
+    page.evaluate("""() => { window.changes = {};
+        for (const id of ['tokens', 'arm-probabilities']) { window.changes[id] = 0;
+            new MutationObserver(() => { window.changes[id] += 1; }).observe(document.getElementById(id),
+                {subtree: true, childList: true, attributes: true, characterData: true}); } }""")
     page.locator("#run").click()
     # Run says at once that it runs; Stop is live only now.
     expect(page.locator("#run")).to_be_disabled(timeout=5_000)
@@ -123,6 +128,11 @@ def test_page_streams_coloured_tokens_and_plots(page):
     # Tokens stream in, coloured by drafter; the run ends with a summary line.
     expect(page.locator("#tokens .tok.acc").first).to_be_visible(timeout=120_000)
     expect(page.locator("#tokens .tok-status")).to_contain_text("done", timeout=180_000)
+    # Every frame carries the figures again (cheaper for the server than a skipped output), but the browser
+    # redraws a plot only when its figure changed, at most every PLOT_INTERVAL_S: far fewer changes than the
+    # token view's, which changes with every frame.
+    changes = page.evaluate("() => window.changes")
+    assert changes["arm-probabilities"] * 2 < changes["tokens"], changes
     # The drafter lanes follow the answer's end within 2 s: one row per drafter of the request, each naming it.
     expect(page.locator("#lanes tr[data-drafter]").first).to_be_visible(timeout=2_000)
     expect(page.locator("#stop")).to_be_disabled(timeout=10_000)

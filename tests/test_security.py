@@ -143,6 +143,9 @@ def test_launch_binds_locally_without_a_share_link_and_bounds_the_queue(monkeypa
     # gradio's upload cap is the run-file cap (the largest upload any tab takes), never below it
     assert kw["max_file_size"] == UPLOAD_MAX_BYTES == max(RUN_MAX_BYTES, PROMPT_SET_MAX_BYTES)
     assert demo._queue.max_size == QUEUE_SIZE
+    # ... and polls for work every 10 ms, not gradio's 1 ms (10% of a core on an idle 2-core server)
+    from metasd.ui.session import QUEUE_POLL_S
+    assert demo._queue.sleep_when_free == QUEUE_POLL_S >= 0.01
     with mock.patch.object(gr.Blocks, "launch") as launch:
         app.launch(demo, share=True)  # only when asked
     assert launch.call_args.kwargs["share"] is True

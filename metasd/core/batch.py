@@ -117,8 +117,9 @@ def verify_together(model: torch.nn.Module, parts: list[VerifyPart]) -> list[tor
     # over all rows gives each row the bits its own pass gives it.
     pos = torch.tensor([[p.start + i for p in parts for i in range(len(p.ids))]], device=dev)
     rotary = lm.rotary_emb(h, position_ids=pos)
+    direct = _direct_sdpa(lm.config, h)
     masks = [_pass_mask(create_causal_mask(config=lm.config, inputs_embeds=h[:, a:b], attention_mask=None,
-                                           past_key_values=p.cache, position_ids=pos[:, a:b]), b - a)
+                                           past_key_values=p.cache, position_ids=pos[:, a:b]), b - a, direct)
              for p, (a, b) in zip(parts, spans, strict=True)]  # each part's own, as its own forward builds it
     for layer in lm.layers[: lm.config.num_hidden_layers]:
         residual = h
@@ -147,15 +148,13 @@ def _attention(attn: torch.nn.Module, x: torch.Tensor, parts: list[VerifyPart], 
     v = attn.v_proj(x).view(shape).transpose(1, 2)
     q, k = apply_rotary_pos_emb(q, k, *rotary)
     interface: Callable = ALL_ATTENTION_FUNCTIONS.get_interface(attn.config._attn_implementation, _eager_missing)
-    direct = _direct_sdpa(attn, q)
     out = torch.empty((1, x.shape[1], q.shape[1] * attn.head_dim), dtype=q.dtype, device=q.device)
     for p, (a, b), mask in zip(parts, spans, masks, strict=True):
         keys, values = p.cache.update(k[:, :, a:b], v[:, :, a:b], attn.layer_idx)
-        if direct and isinstance(mask, _Additive):
+        if isinstance(mask, _Additive):
             o = F.scaled_dot_product_attention(q[:, :, a:b], keys, values, attn_mask=mask.bias, scale=attn.scaling,
                                                enable_gqa=True).transpose(1, 2)
         else:
-            mask = mask.mask if isinstance(mask, _Additive) else mask
             o, _ = interface(attn, q[:, :, a:b], keys, values, mask, dropout=0.0, scaling=attn.scaling)
         out[:, a:b] = o.reshape(1, b - a, -1)
     return attn.o_proj(out)
@@ -163,27 +162,28 @@ def _attention(attn: torch.nn.Module, x: torch.Tensor, parts: list[VerifyPart], 
 
 @dataclass
 class _Additive:
-    """A part's boolean mask, and the additive float bias (0 / -inf) sdpa turns it into, made once per pass."""
+    """A part's additive float mask (0 / -inf), made once per pass, for torch's sdpa called directly."""
 
-    mask: torch.Tensor
     bias: torch.Tensor
 
 
-def _pass_mask(mask: object, rows: int) -> object:
-    """What each layer's attention is handed for one part: transformers' mask as is, or, where sdpa would
-    expand the key/value heads for it (several query rows and a boolean mask on the CPU), an `_Additive`."""
-    if rows > 1 and isinstance(mask, torch.Tensor) and mask.dtype == torch.bool and mask.device.type == "cpu":
-        return _Additive(mask, torch.zeros(mask.shape, dtype=torch.float32).masked_fill_(~mask, float("-inf")))
+def _pass_mask(mask: object, rows: int, direct: bool) -> object:
+    """What each layer's attention is handed for one part: transformers' mask as is, or, where the pass calls
+    torch's sdpa itself (`direct`) and transformers' would expand the key/value heads for this part (several
+    query rows and a boolean mask), an `_Additive`."""
+    if direct and rows > 1 and isinstance(mask, torch.Tensor) and mask.dtype == torch.bool:
+        return _Additive(torch.zeros(mask.shape, dtype=torch.float32).masked_fill_(~mask, float("-inf")))
     return mask
 
 
-def _direct_sdpa(attn: torch.nn.Module, q: torch.Tensor) -> bool:
-    """Whether a part's attention may call torch's sdpa itself with grouped key/value heads (`enable_gqa`)
-    instead of transformers' sdpa, which copies the key/value heads out for every query group first when
-    there is a mask. On the CPU the flash kernel reads the same numbers either way, so the bits are the same
-    (tests check it against the solo pass) and a part's attention costs 2.5x less at a class's size."""
-    return (attn.config._attn_implementation == "sdpa" and q.device.type == "cpu" and q.dtype == torch.float32
-            and getattr(attn, "num_key_value_groups", 1) > 1)
+def _direct_sdpa(config: object, h: torch.Tensor) -> bool:
+    """Whether the pass may call torch's sdpa itself with grouped key/value heads (`enable_gqa`) instead of
+    transformers' sdpa, which copies the key/value heads out for every query group first when there is a
+    mask. On the CPU the flash kernel reads the same numbers either way, so the bits are the same (tests check
+    it against the solo pass) and a part's attention costs 2.5x less at a class's size."""
+    heads = getattr(config, "num_attention_heads", 0)
+    return (getattr(config, "_attn_implementation", None) == "sdpa" and h.device.type == "cpu"
+            and h.dtype == torch.float32 and heads > getattr(config, "num_key_value_heads", heads))
 
 
 def _eager_missing(*args: object, **kwargs: object) -> None:
