@@ -70,7 +70,7 @@ class Unchanged:
 
     gradio turns every skipped output of every streamed frame into a new component and its config (pydantic's
     JSON schema of its API included): with three skipped outputs a frame cost the server's event loop 6 ms
-    against 2, a quarter of the server's time while one answer streams. A value sent again diffs to nothing:
+    against 2 (a quarter of the server's Python while one answer streams). A value sent again diffs to nothing:
     no bytes go out. A figure's plotly JSON is a string, which the browser compares before it redraws (in
     Chromium, no mutation of the plot's DOM when it comes again); the table is an object it redraws on every
     frame (four times the mutations), so it stays skipped."""
