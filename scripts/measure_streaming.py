@@ -2,9 +2,8 @@
 
 For each prompt (both sides first warmed by a short answer to it, then interleaved, fastest of --repeats), the
 engine alone (`metasd.generate`, consumed in this process with the page's torch threads: the prefill's, then the
-rounds') and the app's `/generate`
-over HTTP exactly as a browser receives it (the raw event stream): tokens/s, time to the first visible
-token, frames drawn, rounds, and bytes streamed. Then the same frame loop on a tiny random model whose
+rounds') and the app's `/generate` over HTTP exactly as a browser receives it (the raw event stream): tokens/s,
+time to the first visible token, frames drawn, rounds, and bytes streamed. Then the same frame loop on a tiny random model whose
 rounds take a few milliseconds (like a GPU), to show that frames stay bounded while many rounds go by.
 
     .venv/bin/python scripts/measure_streaming.py [--repeats 2] [--max-new-tokens 128] [--long 512]
