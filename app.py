@@ -25,7 +25,7 @@ import torch  # noqa: E402
 from metasd.core.validation import UPLOAD_MAX_BYTES  # noqa: E402
 from metasd.drafting.registry import load_plugins  # noqa: E402
 from metasd.models.loading import cache_root  # noqa: E402
-from metasd.ui.bundles import default_preset, drafters_of, get_bundle  # noqa: E402
+from metasd.ui.bundles import default_preset, get_bundle, page_drafters, start_loading  # noqa: E402
 from metasd.ui.compare import cancel_compare  # noqa: E402
 from metasd.ui.config import (  # noqa: E402
     ASSETS,
@@ -54,7 +54,7 @@ def build_demo() -> gr.Blocks:
     # loaded here, not on import. Their drafters join every preset's list, each with a colour of its own.
     load_plugins(os.environ.get("METASD_PLUGINS"))
     preset0 = default_preset()
-    drafters0 = drafters_of(preset0)
+    drafters0, _ = page_drafters(preset0)  # drawn while the models may still load
     # delete_cache: gradio's copies of served files (run logs hold prompts) go after an hour.
     # analytics_enabled=False in code: the app never phones home, whatever the host's environment says.
     with gr.Blocks(title="MetaSD Studio", delete_cache=(TMP_MAX_AGE_S, TMP_MAX_AGE_S), analytics_enabled=False) as demo:
@@ -145,9 +145,13 @@ def main(argv: list[str] | None = None) -> None:
         # (metasd.core.streaming.in_fresh_thread).
         torch.set_num_threads(1)
     load_plugins(os.environ.get("METASD_PLUGINS"))  # a plugin that fails stops the start before any model loads
-    bundle = get_bundle(default_preset())  # models load once, at start-up
     if BATCH:
-        logging.getLogger("metasd.app").info(start_rounds(bundle))
+        # The shared rounds' processes fork from the loaded models, before the server starts its threads.
+        logging.getLogger("metasd.app").info(start_rounds(get_bundle(default_preset())))
+    else:
+        # The page is served while the models load (on a fresh machine the offline target is converted first,
+        # about half a minute): a Run pressed meanwhile waits for them and says so.
+        start_loading(default_preset())
     launch(host=a.host, port=a.port)
 
 

@@ -315,6 +315,54 @@ def test_closed_tab_unload_stops_the_sessions_runs(page_offline):
     assert not STOPS.runs and live_caches() == 0
 
 
+@contextmanager
+def still_loading(name: str, step: str):
+    """The preset marked as loading (as in the first half-minute after a start), until the block ends."""
+    with ui_bundles._bundle_lock:
+        ui_bundles._loading[name] = threading.Event()
+        ui_bundles._load_started[name] = time.perf_counter()
+        ui_bundles._load_steps[name] = step
+    try:
+        yield
+    finally:
+        with ui_bundles._bundle_lock:
+            ui_bundles._loading.pop(name, None)
+            ui_bundles._load_steps.pop(name, None)
+
+
+def _status(out) -> str:
+    return str(out.tokens)
+
+
+def test_a_run_pressed_while_the_models_load_is_told_so_then_runs(page_offline):
+    """app.main serves the page before the models have loaded: a Run meanwhile waits for them, saying what the
+    load is doing, then streams its answer as any other run; Stop takes it back while it waits."""
+    frames: list = []
+    done = threading.Event()
+    with still_loading("offline", "loading target SmolLM2"):
+        th = threading.Thread(target=lambda: (frames.extend(generate_view(PROMPT, "offline", max_new_tokens=8,
+                                                                           request=request("early"))), done.set()),
+                              daemon=True)
+        th.start()
+        t0 = time.perf_counter()
+        while len(frames) < 2 and time.perf_counter() - t0 < 10:
+            time.sleep(0.05)
+        assert len(frames) >= 2 and not done.is_set()
+        assert "waiting for the model to load" in _status(frames[0]) and "loading target SmolLM2" in str(frames[0].stats)
+        assert "early" in STOPS.runs  # Stop can reach it while it waits
+    assert done.wait(60), "the run did not start once the models were loaded"
+    assert frames[-1].record is not None and frames[-1].record.summary.new_tokens > 0
+    assert not STOPS.runs
+
+    with still_loading("offline", "converting"):
+        gen = generate_view(PROMPT, "offline", max_new_tokens=8, request=request("early-stop"))
+        assert "waiting for the model to load" in _status(next(gen))
+        stop_generation(request("early-stop"))
+        rest = consume(gen)
+    assert rest and "stopped while the model was loading" in _status(rest[-1])
+    assert not STOPS.runs and live_caches() == 0
+
+
 # ----------------------------------------------------------------------------------------------
 # Faults
 

@@ -43,7 +43,7 @@ GGUF_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 Progress = Callable[[str], None]
 
 
-def _stderr(msg: str) -> None:
+def to_stderr(msg: str) -> None:
     print(msg, file=sys.stderr, flush=True)
 
 
@@ -79,7 +79,7 @@ def gguf_path() -> Path | None:
     return path if path.exists() else None
 
 
-def offline_target_dir(progress: Progress = _stderr) -> Path | None:
+def offline_target_dir(progress: Progress = to_stderr) -> Path | None:
     """The safetensors copy of the offline target, converting the GGUF on first use.
 
     Returns None where neither the cache nor the GGUF package exists (then the hub is used).
@@ -164,14 +164,11 @@ class Bundle:
 
     @property
     def drafter_names(self) -> list[str]:
-        """The preset's drafters, then every registered one (metasd.drafting.registry) of another name."""
-        return list(self.specs) + [n for n in registered() if n not in self.specs]
+        return drafter_names(self.specs)
 
     @property
     def default_drafters(self) -> list[str]:
-        """The arms a bandit plays when none are named: the preset's choice among those loaded."""
-        chosen = [n for n in self.specs if n in self.preset.bandit_drafters]
-        return chosen or list(self.specs)  # registered drafters are there to be picked, not played by default
+        return default_drafters(self.preset, self.specs)
 
     @property
     def max_context(self) -> int:
@@ -194,6 +191,24 @@ class Bundle:
             if not isinstance(d, Drafter):
                 raise InvalidInput(f"drafter {name!r}: its make(bundle) returned {type(d).__name__}, not a metasd Drafter")
         return out
+
+
+def present_specs(p: Preset) -> dict[str, DrafterSpec]:
+    """The preset's drafters that this machine can load: a trained drafter (distilled, white-box head) whose
+    weights file is absent is left out rather than failing the preset. Known before anything loads, so the page
+    can be drawn while the models load."""
+    return {d.name: d for d in p.drafters if d.kind not in ("distilled", "white-box") or drafter_path(d).exists()}
+
+
+def drafter_names(specs: dict[str, DrafterSpec]) -> list[str]:
+    """The preset's drafters, then every registered one (metasd.drafting.registry) of another name."""
+    return list(specs) + [n for n in registered() if n not in specs]
+
+
+def default_drafters(p: Preset, specs: dict[str, DrafterSpec]) -> list[str]:
+    """The arms a bandit plays when none are named: the preset's choice among those present."""
+    chosen = [n for n in specs if n in p.bandit_drafters]
+    return chosen or list(specs)  # registered drafters are there to be picked, not played by default
 
 
 # Kept here for callers of the earlier layout; metasd.drafting.files owns them.
@@ -259,7 +274,7 @@ def load_distilled(path: str | Path, target: PreTrainedModel, device: torch.devi
 
 
 def build_drafter_models(target: PreTrainedModel, specs: list[DrafterSpec], device: torch.device,
-                         dtype: torch.dtype, progress: Progress = _stderr) -> dict[str, torch.nn.Module]:
+                         dtype: torch.dtype, progress: Progress = to_stderr) -> dict[str, torch.nn.Module]:
     models: dict[str, torch.nn.Module] = {}
     loaded: dict[str, PreTrainedModel] = {}
     for spec in specs:
@@ -285,7 +300,7 @@ def build_drafter_models(target: PreTrainedModel, specs: list[DrafterSpec], devi
 
 
 def load_bundle(preset: str | Preset = "offline", device: str | None = None, dtype: str | None = None,
-                progress: Progress = _stderr) -> Bundle:
+                progress: Progress = to_stderr) -> Bundle:
     """Load a preset once: the target, the tokenizer and every drafter's weights."""
     p = get_preset(preset) if isinstance(preset, str) else preset
     dev = pick_device(device or p.device)
@@ -311,6 +326,5 @@ def load_bundle(preset: str | Preset = "offline", device: str | None = None, dty
     if packed:
         progress(f"[metasd] {packed} linear layers of the target packed for oneDNN (metasd/models/cpu_linear.py)")
     progress(f"[metasd] preset {p.name!r} ready in {time.perf_counter() - t0:.1f} s")
-    # A trained drafter whose weights file is absent is left out rather than failing the preset.
-    specs = {d.name: d for d in p.drafters if d.kind not in ("distilled", "white-box") or d.name in models}
+    specs = {n: d for n, d in present_specs(p).items() if d.kind not in ("distilled", "white-box") or n in models}
     return Bundle(p, target, tokenizer, specs, models)

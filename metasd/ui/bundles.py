@@ -17,8 +17,8 @@ from metasd.core.engine import encode_prompt, target_greedy
 from metasd.core.engine import run as engine_run
 from metasd.core.streaming import FairSlots, ThreadPlan, in_fresh_thread
 from metasd.core.validation import InvalidInput
-from metasd.models.loading import Bundle, load_bundle
-from metasd.models.presets import DEFAULT_PRESET, PRESETS
+from metasd.models.loading import Bundle, default_drafters, drafter_names, load_bundle, present_specs, to_stderr
+from metasd.models.presets import DEFAULT_PRESET, PRESETS, get_preset
 from metasd.ui.config import GEN_CONCURRENCY, HAS_CUDA, MAX_WAITING, PREFILL_THREADS, TORCH_THREADS
 from metasd.ui.errors import free_memory, refused
 
@@ -36,6 +36,8 @@ LOAD_WAIT_S = 1800.0  # the longest a caller that must have the model (start-up,
 _bundles: OrderedDict[str, Bundle] = OrderedDict()
 _loading: dict[str, threading.Event] = {}
 _load_errors: dict[str, str] = {}
+_load_steps: dict[str, str] = {}  # a loading preset's latest step ("loading target ...")
+_load_started: dict[str, float] = {}
 _bundle_lock = threading.Lock()
 log = logging.getLogger("metasd.app")
 
@@ -56,8 +58,13 @@ def default_preset() -> str:
 
 def _load(name: str, done: threading.Event) -> None:
     """Load and warm up one preset (in a thread of its own), then keep at most MAX_BUNDLES loaded."""
+    def progress(line: str) -> None:  # the log's line, and the latest one kept for a page waiting on the load
+        to_stderr(line)
+        _load_steps[name] = line.removeprefix("[metasd]").strip()
+
     try:
-        bundle = load_bundle(name)
+        bundle = load_bundle(name, progress=progress)
+        progress(f"[metasd] warming up preset {name!r} (one short answer)")
         _warm_up(bundle)
         with _bundle_lock:
             _bundles[name] = bundle
@@ -73,6 +80,7 @@ def _load(name: str, done: threading.Event) -> None:
     finally:
         with _bundle_lock:
             _loading.pop(name, None)
+            _load_steps.pop(name, None)
         done.set()
 
 
@@ -89,6 +97,7 @@ def get_bundle(name: Any, wait: bool = True) -> Bundle:
         done = _loading.get(name)
         if done is None and failed is None:
             done = _loading[name] = threading.Event()
+            _load_started[name] = time.perf_counter()
             threading.Thread(target=_load, args=(name, done), name=f"metasd-load-{name}", daemon=True).start()
     if failed is not None:
         raise InvalidInput(f"loading preset {name} failed ({failed}); choose it again to retry")
@@ -118,6 +127,36 @@ def bundle_for(name: Any) -> Bundle:
 def drafters_of(name: str, wait: bool = True) -> list[str]:
     """The drafters a preset really has once loaded (a distilled drafter without weights is left out)."""
     return get_bundle(name, wait).drafter_names
+
+
+def start_loading(name: str) -> None:
+    """Load the preset in the background (nothing to wait for: get_bundle waits where the model is needed)."""
+    try:
+        get_bundle(name, wait=False)
+    except Loading:
+        pass
+
+
+def loading(name: str) -> tuple[float, str] | None:
+    """While the preset loads: seconds since its load began and its latest step; None once it is loaded
+    (or failed, or never asked for)."""
+    with _bundle_lock:
+        if name not in _loading:
+            return None
+        return time.perf_counter() - _load_started.get(name, time.perf_counter()), _load_steps.get(name, "starting")
+
+
+def page_drafters(name: str) -> tuple[list[str], list[str]]:
+    """The preset's drafters and the bandit's default arms, as the page offers them: from the loaded models,
+    or, while they load, from the preset itself (the same names: both leave out trained drafters without
+    weights)."""
+    with _bundle_lock:
+        bundle = _bundles.get(name)
+    if bundle is not None:
+        return bundle.drafter_names, bundle.default_drafters
+    p = get_preset(name)
+    specs = present_specs(p)
+    return drafter_names(specs), default_drafters(p, specs)
 
 
 class _FirstPassDone(LogitsProcessor):

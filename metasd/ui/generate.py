@@ -26,7 +26,17 @@ from metasd.models.loading import Bundle
 from metasd.models.presets import DEFAULT_PRESET, PRESETS
 from metasd.models.spaces import gpu_duration
 from metasd.ui import viz
-from metasd.ui.bundles import MODEL, available_presets, bundle_for, default_preset, drafters_of, measure_target
+from metasd.ui.bundles import (
+    MODEL,
+    WAIT_IN_REQUESTS,
+    available_presets,
+    bundle_for,
+    default_preset,
+    drafters_of,
+    loading,
+    measure_target,
+    page_drafters,
+)
 from metasd.ui.config import (
     BATCH_DRAFTS,
     BATCH_SLOWDOWN,
@@ -79,26 +89,60 @@ def generate_view(prompt: str, preset: str = DEFAULT_PRESET, drafters: list[str]
     PLOT_INTERVAL_S) and always ends on one complete final frame. Outputs: token view, arm
     probabilities, regret, numbers, per-drafter table, the answer as plain text, the run record, the drafter
     lanes (live with full information, else within a second or two of the answer's end)."""
-    bundle = bundle_for(preset)
-    names = bundle.drafter_names
-    drafters = _drafters_asked(names, drafters)
-    gamma = bundle.preset.gamma if gamma is None else gamma  # None: the preset's (metasd.core.defaults)
-    settings = {"policy": policy, "reward": reward, "gamma": gamma, "max_new_tokens": max_new_tokens,
-                "temperature": temperature, "top_p": top_p, "seed": seed, "full_info": full_info,
-                "priors": not cold}
     stop = threading.Event()
-    text, events = _start_engine(bundle, prompt, drafters, settings, stop)
     key = session_key(request)
-    # Registered only now: a refused request leaves nothing behind. A browser session runs one generation
-    # at a time: its new Run stops the previous one (waiting or running); API calls without a session don't.
-    (STOPS.replace if request is not None and key != "api" else STOPS.start)(key, stop)
-    record = RunRecord(preset=bundle.preset.name, prompt=text, settings=settings, all_drafters=names,
-                       drafters=list(drafters) if drafters else names)
-    view = viz.LiveView(viz.drafter_colors(names), record.drafters, placeholder=STREAM_PLACEHOLDER)
+    # A browser session runs one generation at a time: its new Run stops the previous one (waiting or running);
+    # API calls without a session don't. Registered once the run is accepted (a refused request leaves nothing
+    # behind), or at once where it first waits for the models to load (so that Stop reaches it there).
+    register = STOPS.replace if request is not None and key != "api" else STOPS.start
+    registered = False
     try:
+        if WAIT_IN_REQUESTS and loading(preset if isinstance(preset, str) else "") is not None:
+            register(key, stop)
+            registered = True
+            yield from _loading_frames(preset, stop, baselines)
+            if stop.is_set():
+                return
+        bundle = bundle_for(preset)
+        names = bundle.drafter_names
+        drafters = _drafters_asked(names, drafters)
+        gamma = bundle.preset.gamma if gamma is None else gamma  # None: the preset's (metasd.core.defaults)
+        settings = {"policy": policy, "reward": reward, "gamma": gamma, "max_new_tokens": max_new_tokens,
+                    "temperature": temperature, "top_p": top_p, "seed": seed, "full_info": full_info,
+                    "priors": not cold}
+        text, events = _start_engine(bundle, prompt, drafters, settings, stop)
+        if not registered:
+            register(key, stop)
+            registered = True
+        record = RunRecord(preset=bundle.preset.name, prompt=text, settings=settings, all_drafters=names,
+                           drafters=list(drafters) if drafters else names)
+        view = viz.LiveView(viz.drafter_colors(names), record.drafters, placeholder=STREAM_PLACEHOLDER)
         yield from map(Unchanged(), _stream(events, stop, view, record, baselines, key, SessionReader(key)))
     finally:
-        STOPS.end(key, stop)
+        if registered:
+            STOPS.end(key, stop)
+
+
+def _loading_frames(preset: str, stop: threading.Event, baselines: dict | None) -> Iterator[Frame]:
+    """While the server's models load (the first minute after a start): what the load is doing, every
+    WAIT_UPDATE_S, until they are loaded (or the load failed: bundle_for then says why) or Stop is pressed."""
+    names, chosen = page_drafters(preset)
+    view = viz.LiveView(viz.drafter_colors(names), chosen, placeholder=STREAM_PLACEHOLDER)
+    record = RunRecord(preset=preset, prompt="", all_drafters=names, drafters=chosen)
+    first = True
+    while (state := loading(preset)) is not None and not stop.is_set():
+        spent, step = state
+        status = f"waiting for the model to load ({spent:.0f} s so far)"
+        note = (f"The server has just started and is loading its models: {step}. Your run starts as soon as they "
+                "are ready (on a machine's first start the offline model is converted once, about half a minute). "
+                "Stop takes this run back.")
+        yield (frame(view, record, baselines, status, note, record=None, lanes=lanes_placeholder()) if first
+               else Frame(tokens=view.tokens_html(status), stats=stats(view, record, baselines, note)))
+        first = False
+        stop.wait(WAIT_UPDATE_S)
+    if stop.is_set():
+        yield frame(view, record, baselines, "stopped while the model was loading: you pressed Stop", record=None,
+                    lanes=lanes_placeholder())
 
 
 def _drafters_asked(names: list[str], drafters: Any) -> Any:

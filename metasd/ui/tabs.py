@@ -18,7 +18,7 @@ from metasd.core import defaults
 from metasd.core.validation import MAX_PROMPT_CHARS, markdown_literal
 from metasd.models.presets import PRESETS
 from metasd.ui import text, viz
-from metasd.ui.bundles import available_presets, get_bundle
+from metasd.ui.bundles import available_presets, page_drafters
 from metasd.ui.compare import cancel_compare, compare_prompt, compare_set
 from metasd.ui.config import (
     COMPARE_MAX_NEW_TOKENS,
@@ -176,7 +176,7 @@ def _generate_controls(preset0: str, drafters0: list[str]) -> GenerateControls:
             presets = available_presets()
             preset = gr.Dropdown(presets, value=preset0, label="Preset", info=_preset_info(preset0),
                                  interactive=len(presets) > 1)
-            drafters = gr.CheckboxGroup(drafters0, value=get_bundle(preset0).default_drafters,
+            drafters = gr.CheckboxGroup(drafters0, value=page_drafters(preset0)[1],
                                         label="Drafters (tick any subset)")
             reward = gr.Radio(REWARD_CHOICES, value="bd", label="Reward")
             with gr.Row():
