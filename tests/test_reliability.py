@@ -363,6 +363,19 @@ def test_a_run_pressed_while_the_models_load_is_told_so_then_runs(page_offline):
     assert not STOPS.runs and live_caches() == 0
 
 
+def test_compare_pressed_while_the_models_load_shows_the_wait_in_its_progress(page_offline):
+    said: list[str] = []
+    result: list = []
+    with still_loading("offline", "loading target SmolLM2"):
+        th = threading.Thread(target=lambda: result.append(compare_prompt(
+            PROMPT, "offline", "metasd-ucb", 4, progress=lambda *a, desc="", **k: said.append(desc))), daemon=True)
+        th.start()
+        time.sleep(1.5)
+        assert not result and said and "waiting for the model to load" in said[0] and "SmolLM2" in said[0]
+    th.join(120)
+    assert result and len(result[0][0]) >= 3  # the target alone, each drafter, the bandit
+
+
 # ----------------------------------------------------------------------------------------------
 # Faults
 

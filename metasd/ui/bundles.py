@@ -116,8 +116,12 @@ def _warm_up(bundle: Bundle) -> None:
     engine_run(bundle, "Hello!", max_new_tokens=8)
 
 
-def bundle_for(name: Any) -> Bundle:
-    """get_bundle for a handler: a name it refuses is the user's message (gr.Error)."""
+def bundle_for(name: Any, progress: Any = None) -> Bundle:
+    """get_bundle for a handler: a name it refuses is the user's message (gr.Error). With a gradio progress
+    tracker, a wait for a preset still loading (the first half-minute after a start) shows the load's step."""
+    while progress is not None and WAIT_IN_REQUESTS and (state := loading(name if isinstance(name, str) else "")):
+        progress(0.0, desc=f"waiting for the model to load ({state[0]:.0f} s so far): {state[1]}")
+        time.sleep(1.0)
     try:
         return get_bundle(name, wait=WAIT_IN_REQUESTS)
     except InvalidInput as e:

@@ -115,7 +115,7 @@ def cancel_compare(request: gr.Request = None) -> None:
 def compare_prompt(prompt: str, preset: str, policy: str, max_new_tokens: int,
                    progress=gr.Progress(), request: gr.Request = None):  # noqa: B008  (gradio injects a tracker per call)
     """One prompt under each drafter alone and under the bandit, side by side."""
-    bundle = bundle_for(preset)
+    bundle = bundle_for(preset, progress)
     names = bundle.drafter_names
     methods = _methods(bundle, policy)
     cancel = threading.Event()
@@ -158,7 +158,7 @@ def compare_set(source: str, upload: Any, per_category: int, preset: str, policy
                 progress=gr.Progress(), request: gr.Request = None):  # noqa: B008  (gradio injects a tracker per call)
     """A prompt set: each drafter alone and the bandit on every prompt; acceptance heatmap and speed-up bars,
     updated after every prompt. Cancel ends it before its next run and keeps what it measured."""
-    bundle = bundle_for(preset)
+    bundle = bundle_for(preset, progress)
     items, max_new_tokens = _prompt_set(bundle, source, upload, per_category, policy, max_new_tokens)
     colors = viz.drafter_colors(bundle.drafter_names)
     cancel = threading.Event()
