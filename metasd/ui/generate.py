@@ -127,13 +127,13 @@ def _loading_frames(preset: str, stop: threading.Event, baselines: dict | None) 
     """While the server's models load (the first minute after a start): what the load is doing, every
     WAIT_UPDATE_S, until they are loaded (or the load failed: bundle_for then says why) or Stop is pressed."""
     names, chosen = page_drafters(preset)
-    view = viz.LiveView(viz.drafter_colors(names), chosen, placeholder=STREAM_PLACEHOLDER)
+    view = viz.LiveView(viz.drafter_colors(names), chosen, placeholder="waiting for the model ...")
     record = RunRecord(preset=preset, prompt="", all_drafters=names, drafters=chosen)
     first = True
     while (state := loading(preset)) is not None and not stop.is_set():
         spent, step = state
         status = f"waiting for the model to load ({spent:.0f} s so far)"
-        note = (f"The server has just started and is loading its models: {step}. Your run starts as soon as they "
+        note = (f"The server has just started and is loading its models: {step.rstrip(' .')}. Your run starts as soon as they "
                 "are ready (on a machine's first start the offline model is converted once, about half a minute). "
                 "Stop takes this run back.")
         yield (frame(view, record, baselines, status, note, record=None, lanes=lanes_placeholder()) if first
