@@ -134,7 +134,7 @@ def _loading_frames(preset: str, stop: threading.Event, baselines: dict | None) 
         spent, step = state
         status = f"waiting for the model to load ({spent:.0f} s so far)"
         note = (f"The server has just started and is loading its models: {step.rstrip(' .')}. Your run starts as soon as they "
-                "are ready (on a machine's first start the offline model is converted once, about half a minute). "
+                "are ready (on a machine's first start the offline model is converted once, about 20 s). "
                 "Stop takes this run back.")
         yield (frame(view, record, baselines, status, note, record=None, lanes=lanes_placeholder()) if first
                else Frame(tokens=view.tokens_html(status), stats=stats(view, record, baselines, note)))
