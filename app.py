@@ -25,7 +25,7 @@ import torch  # noqa: E402
 from metasd.core.validation import UPLOAD_MAX_BYTES  # noqa: E402
 from metasd.drafting.registry import load_plugins  # noqa: E402
 from metasd.models.loading import cache_root  # noqa: E402
-from metasd.ui.bundles import default_preset, get_bundle, page_drafters, start_loading  # noqa: E402
+from metasd.ui.bundles import WAIT_IN_REQUESTS, default_preset, get_bundle, page_drafters, start_loading  # noqa: E402
 from metasd.ui.compare import cancel_compare  # noqa: E402
 from metasd.ui.config import (  # noqa: E402
     ASSETS,
@@ -145,12 +145,15 @@ def main(argv: list[str] | None = None) -> None:
         # (metasd.core.streaming.in_fresh_thread).
         torch.set_num_threads(1)
     load_plugins(os.environ.get("METASD_PLUGINS"))  # a plugin that fails stops the start before any model loads
-    if BATCH:
-        # The shared rounds' processes fork from the loaded models, before the server starts its threads.
-        logging.getLogger("metasd.app").info(start_rounds(get_bundle(default_preset())))
+    if BATCH or HOSTED or not WAIT_IN_REQUESTS:
+        # Load first: the shared rounds' processes fork from the loaded models before the server starts its threads;
+        # a host shows its own page until the port answers; on a GPU a request does not wait for a load.
+        bundle = get_bundle(default_preset())
+        if BATCH:
+            logging.getLogger("metasd.app").info(start_rounds(bundle))
     else:
-        # The page is served while the models load (on a fresh machine the offline target is converted first,
-        # about half a minute): a Run pressed meanwhile waits for them and says so.
+        # A local CPU start serves the page while the models load (on a machine's first start the offline target
+        # is converted first): a Run pressed meanwhile waits for them, told what the load is doing.
         start_loading(default_preset())
     launch(host=a.host, port=a.port)
 

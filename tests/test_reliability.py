@@ -317,23 +317,28 @@ def test_closed_tab_unload_stops_the_sessions_runs(page_offline):
 
 @contextmanager
 def still_loading(name: str, step: str):
-    """The preset marked as loading (as in the first half-minute after a start), until the block ends."""
+    """The preset marked as loading (as in the first half-minute after a start) until the block ends, when the
+    load ends as a successful one does (the models themselves stay the ones loaded for the module)."""
+    load = ui_bundles.PresetLoad()
+    load.step = step
     with ui_bundles._bundle_lock:
-        ui_bundles._loading[name] = threading.Event()
-        ui_bundles._load_started[name] = time.perf_counter()
-        ui_bundles._load_steps[name] = step
+        ui_bundles._loading[name] = load
     try:
-        yield
+        yield load
     finally:
         with ui_bundles._bundle_lock:
             ui_bundles._loading.pop(name, None)
-            ui_bundles._load_steps.pop(name, None)
+        load.set()
+
+
+waits_for_loads = pytest.mark.skipif(not ui_bundles.WAIT_IN_REQUESTS, reason="on a GPU a request is told to come back")
 
 
 def _status(out) -> str:
     return str(out.tokens)
 
 
+@waits_for_loads
 def test_a_run_pressed_while_the_models_load_is_told_so_then_runs(page_offline):
     """app.main serves the page before the models have loaded: a Run meanwhile waits for them, saying what the
     load is doing, then streams its answer as any other run; Stop takes it back while it waits."""
@@ -363,6 +368,7 @@ def test_a_run_pressed_while_the_models_load_is_told_so_then_runs(page_offline):
     assert not STOPS.runs and live_caches() == 0
 
 
+@waits_for_loads
 def test_compare_pressed_while_the_models_load_shows_the_wait_in_its_progress(page_offline):
     said: list[str] = []
     result: list = []
@@ -374,6 +380,64 @@ def test_compare_pressed_while_the_models_load_shows_the_wait_in_its_progress(pa
         assert not result and said and "waiting for the model to load" in said[0] and "SmolLM2" in said[0]
     th.join(120)
     assert result and len(result[0][0]) >= 3  # the target alone, each drafter, the bandit
+
+
+@waits_for_loads
+def test_a_load_that_fails_is_told_to_every_run_that_waited_and_starts_no_other(page_offline):
+    """The real load path (get_bundle's thread, its progress lines) with load_bundle failing after a step: both
+    runs waiting on it get the failure in words, Compare's wait too, and none of them starts a second load."""
+    calls: list[str] = []
+    stepped, release = threading.Event(), threading.Event()
+
+    def failing_load(name, progress):
+        calls.append(name)
+        progress("[metasd] loading target SmolLM2 ...")
+        stepped.set()
+        release.wait(20)
+        raise OSError("disk full")
+
+    saved = ui_bundles._bundles.pop("offline")
+    outcomes: dict[str, object] = {}
+    firsts: dict[str, str] = {}
+
+    def page_run(who: str) -> None:
+        try:
+            for out in generate_view(PROMPT, "offline", max_new_tokens=8, request=request(who)):
+                firsts.setdefault(who, _status(out) + str(out.stats))
+            outcomes[who] = "ran"
+        except gr.Error as e:
+            outcomes[who] = str(e)
+
+    def compare_run() -> None:
+        try:
+            compare_prompt(PROMPT, "offline", "metasd-ucb", 4, progress=lambda *a, **k: None)
+            outcomes["compare"] = "ran"
+        except gr.Error as e:
+            outcomes["compare"] = str(e)
+
+    try:
+        with mock.patch.object(ui_bundles, "load_bundle", failing_load):
+            ui_bundles.start_loading("offline")
+            assert stepped.wait(10)  # the runs come once the load has said what it does
+            threads = [threading.Thread(target=page_run, args=(w,), daemon=True) for w in ("a", "b")]
+            threads.append(threading.Thread(target=compare_run, daemon=True))
+            for th in threads:
+                th.start()
+            t0 = time.perf_counter()
+            while len(firsts) < 2 and time.perf_counter() - t0 < 30:  # a fresh process's first figures take seconds
+                time.sleep(0.05)
+            assert all("loading target SmolLM2" in firsts.get(w, "") for w in ("a", "b")), (firsts, outcomes)
+            release.set()
+            for th in threads:
+                th.join(30)
+        assert calls == ["offline"]  # one load, however many waited
+        assert set(outcomes) == {"a", "b", "compare"}
+        assert all("loading preset offline failed (OSError: disk full)" in str(v) for v in outcomes.values()), outcomes
+        assert not STOPS.runs
+    finally:
+        with ui_bundles._bundle_lock:
+            ui_bundles._load_errors.pop("offline", None)
+            ui_bundles._bundles["offline"] = saved
 
 
 # ----------------------------------------------------------------------------------------------

@@ -10,6 +10,7 @@ import time
 from collections import OrderedDict
 from typing import Any
 
+import gradio as gr
 import torch
 from transformers import LogitsProcessor, LogitsProcessorList
 
@@ -34,16 +35,34 @@ MAX_BUNDLES = int(os.environ.get("METASD_MAX_BUNDLES", "2" if HAS_CUDA else "1")
 WAIT_IN_REQUESTS = not HAS_CUDA
 LOAD_WAIT_S = 1800.0  # the longest a caller that must have the model (start-up, the CLI, tests) waits for a load
 _bundles: OrderedDict[str, Bundle] = OrderedDict()
-_loading: dict[str, threading.Event] = {}
-_load_errors: dict[str, str] = {}
-_load_steps: dict[str, str] = {}  # a loading preset's latest step ("loading target ...")
-_load_started: dict[str, float] = {}
 _bundle_lock = threading.Lock()
 log = logging.getLogger("metasd.app")
 
 
 class Loading(InvalidInput):
     """The preset is loading in the background: the one who asked is told to come back in a moment."""
+
+
+class PresetLoad(threading.Event):
+    """One load of a preset, set when it has ended: when it began, its latest step ("loading target ..."), and
+    why it failed, if it did (every run that waited on this load is told, not only the first)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.started = time.perf_counter()
+        self.step = "starting"
+        self.error: str | None = None
+
+    @property
+    def seconds(self) -> float:
+        return time.perf_counter() - self.started
+
+    def failure(self, name: str) -> InvalidInput:
+        return InvalidInput(f"loading preset {name} failed ({self.error}); choose it again to retry")
+
+
+_loading: dict[str, PresetLoad] = {}
+_load_errors: dict[str, str] = {}  # a failed load's reason, told to the next one who asks (who may then retry)
 
 
 def available_presets() -> list[str]:
@@ -56,11 +75,11 @@ def default_preset() -> str:
     return want if want in available_presets() else DEFAULT_PRESET
 
 
-def _load(name: str, done: threading.Event) -> None:
+def _load(name: str, done: PresetLoad) -> None:
     """Load and warm up one preset (in a thread of its own), then keep at most MAX_BUNDLES loaded."""
     def progress(line: str) -> None:  # the log's line, and the latest one kept for a page waiting on the load
         to_stderr(line)
-        _load_steps[name] = line.removeprefix("[metasd]").strip()
+        done.step = line.removeprefix("[metasd]").strip()
 
     try:
         bundle = load_bundle(name, progress=progress)
@@ -75,12 +94,12 @@ def _load(name: str, done: threading.Event) -> None:
         free_memory()
     except Exception as e:  # noqa: BLE001  (told to the next one who asks; the log keeps the traceback)
         log.error("loading preset %s failed", name, exc_info=e)
+        done.error = f"{type(e).__name__}: {str(e)[:200]}"
         with _bundle_lock:
-            _load_errors[name] = f"{type(e).__name__}: {str(e)[:200]}"
+            _load_errors[name] = done.error
     finally:
         with _bundle_lock:
             _loading.pop(name, None)
-            _load_steps.pop(name, None)
         done.set()
 
 
@@ -96,8 +115,7 @@ def get_bundle(name: Any, wait: bool = True) -> Bundle:
         failed = _load_errors.pop(name, None)
         done = _loading.get(name)
         if done is None and failed is None:
-            done = _loading[name] = threading.Event()
-            _load_started[name] = time.perf_counter()
+            done = _loading[name] = PresetLoad()
             threading.Thread(target=_load, args=(name, done), name=f"metasd-load-{name}", daemon=True).start()
     if failed is not None:
         raise InvalidInput(f"loading preset {name} failed ({failed}); choose it again to retry")
@@ -106,7 +124,20 @@ def get_bundle(name: Any, wait: bool = True) -> Bundle:
                       "choose it again in a moment")
     if not done.wait(LOAD_WAIT_S):
         raise InvalidInput(f"preset {name} did not load within {LOAD_WAIT_S:.0f} s")
+    if done.error:
+        raise done.failure(name)
     return get_bundle(name, wait=False)
+
+
+def waited_for(name: str, load: PresetLoad | None) -> None:
+    """After waiting on `load` (loading(name) when the wait began): raise what a run that waited is told if the
+    load failed, or if it did not end within LOAD_WAIT_S."""
+    if load is None:
+        return
+    if load.error:
+        raise load.failure(name)
+    if not load.is_set() and load.seconds >= LOAD_WAIT_S:
+        raise InvalidInput(f"preset {name} did not load within {LOAD_WAIT_S:.0f} s")
 
 
 def _warm_up(bundle: Bundle) -> None:
@@ -116,13 +147,18 @@ def _warm_up(bundle: Bundle) -> None:
     engine_run(bundle, "Hello!", max_new_tokens=8)
 
 
-def bundle_for(name: Any, progress: Any = None) -> Bundle:
+def bundle_for(name: Any, progress: Any = None, cancel: threading.Event | None = None) -> Bundle:
     """get_bundle for a handler: a name it refuses is the user's message (gr.Error). With a gradio progress
-    tracker, a wait for a preset still loading (the first half-minute after a start) shows the load's step."""
-    while progress is not None and WAIT_IN_REQUESTS and (state := loading(name if isinstance(name, str) else "")):
-        progress(0.0, desc=f"waiting for the model to load ({state[0]:.0f} s so far): {state[1]}")
-        time.sleep(1.0)
+    tracker, a wait for a preset still loading (the first half-minute after a start) shows the load's step, and
+    `cancel` set ends it."""
+    load = loading(name) if progress is not None and WAIT_IN_REQUESTS else None
+    while load is not None and not load.is_set() and load.seconds < LOAD_WAIT_S:
+        if cancel is not None and cancel.is_set():
+            raise gr.Error("Cancelled while the model was loading.", print_exception=False)
+        progress(0.0, desc=f"waiting for the model to load ({load.seconds:.0f} s so far): {load.step}")
+        load.wait(1.0)
     try:
+        waited_for(name, load)
         return get_bundle(name, wait=WAIT_IN_REQUESTS)
     except InvalidInput as e:
         raise refused(e) from None
@@ -141,13 +177,11 @@ def start_loading(name: str) -> None:
         pass
 
 
-def loading(name: str) -> tuple[float, str] | None:
-    """While the preset loads: seconds since its load began and its latest step; None once it is loaded
-    (or failed, or never asked for)."""
+def loading(name: Any) -> PresetLoad | None:
+    """The preset's load in progress (its time so far, its latest step); None once it is loaded, or failed, or
+    where it was never asked for."""
     with _bundle_lock:
-        if name not in _loading:
-            return None
-        return time.perf_counter() - _load_started.get(name, time.perf_counter()), _load_steps.get(name, "starting")
+        return _loading.get(name) if isinstance(name, str) else None
 
 
 def page_drafters(name: str) -> tuple[list[str], list[str]]:

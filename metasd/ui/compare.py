@@ -106,6 +106,19 @@ def _run_file(bundle: Bundle, prompt: str, rounds: list[Any], summary: Any, lane
     return str(path)
 
 
+def _bundle_and_cancel(preset: Any, progress: Any, request: gr.Request | None) -> tuple[Bundle, threading.Event, str]:
+    """The preset's models, and the run's Cancel signal, registered first so that Cancel also ends a wait for
+    the models to load (the first half-minute after a start); unregistered again if the preset is refused."""
+    cancel = threading.Event()
+    key = compare_key(request)
+    STOPS.start(key, cancel)
+    try:
+        return bundle_for(preset, progress, cancel), cancel, key
+    except BaseException:
+        STOPS.end(key, cancel)
+        raise
+
+
 def cancel_compare(request: gr.Request = None) -> None:
     """Cancel: the session's Compare run ends before its next run, keeping the results so far."""
     STOPS.signal(compare_key(request))
@@ -115,16 +128,13 @@ def cancel_compare(request: gr.Request = None) -> None:
 def compare_prompt(prompt: str, preset: str, policy: str, max_new_tokens: int,
                    progress=gr.Progress(), request: gr.Request = None):  # noqa: B008  (gradio injects a tracker per call)
     """One prompt under each drafter alone and under the bandit, side by side."""
-    bundle = bundle_for(preset, progress)
+    bundle, cancel, key = _bundle_and_cancel(preset, progress, request)
     names = bundle.drafter_names
-    methods = _methods(bundle, policy)
-    cancel = threading.Event()
-    key = compare_key(request)
     try:
+        methods = _methods(bundle, policy)
         max_new_tokens = int(number("max_new_tokens", max_new_tokens, True, (1, COMPARE_MAX_NEW_TOKENS)))
         prompt = _checked(bundle, prompt, COMPARE_MAX_NEW_TOKENS, policy=policy, max_new_tokens=max_new_tokens)
         check_compare_work([prompt], max_new_tokens)  # bounded before it starts (#27)
-        STOPS.start(key, cancel)
         runs, base_tps, ref = _method_runs(bundle, prompt, methods, max_new_tokens, progress, "prompt", 0,
                                            len(methods) + 1, cancel)
     except InvalidInput as e:
@@ -158,12 +168,13 @@ def compare_set(source: str, upload: Any, per_category: int, preset: str, policy
                 progress=gr.Progress(), request: gr.Request = None):  # noqa: B008  (gradio injects a tracker per call)
     """A prompt set: each drafter alone and the bandit on every prompt; acceptance heatmap and speed-up bars,
     updated after every prompt. Cancel ends it before its next run and keeps what it measured."""
-    bundle = bundle_for(preset, progress)
-    items, max_new_tokens = _prompt_set(bundle, source, upload, per_category, policy, max_new_tokens)
+    bundle, cancel, key = _bundle_and_cancel(preset, progress, request)
+    try:
+        items, max_new_tokens = _prompt_set(bundle, source, upload, per_category, policy, max_new_tokens)
+    except BaseException:
+        STOPS.end(key, cancel)
+        raise
     colors = viz.drafter_colors(bundle.drafter_names)
-    cancel = threading.Event()
-    key = compare_key(request)
-    STOPS.start(key, cancel)
     try:
         rows, cancelled_at, grid = yield from _run_set(bundle, items, _methods(bundle, policy), max_new_tokens,
                                                        progress, cancel, colors)

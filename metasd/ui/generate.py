@@ -27,8 +27,10 @@ from metasd.models.presets import DEFAULT_PRESET, PRESETS
 from metasd.models.spaces import gpu_duration
 from metasd.ui import viz
 from metasd.ui.bundles import (
+    LOAD_WAIT_S,
     MODEL,
     WAIT_IN_REQUESTS,
+    PresetLoad,
     available_presets,
     bundle_for,
     default_preset,
@@ -36,6 +38,7 @@ from metasd.ui.bundles import (
     loading,
     measure_target,
     page_drafters,
+    waited_for,
 )
 from metasd.ui.config import (
     BATCH_DRAFTS,
@@ -97,12 +100,17 @@ def generate_view(prompt: str, preset: str = DEFAULT_PRESET, drafters: list[str]
     register = STOPS.replace if request is not None and key != "api" else STOPS.start
     registered = False
     try:
-        if WAIT_IN_REQUESTS and loading(preset if isinstance(preset, str) else "") is not None:
+        load = loading(preset) if WAIT_IN_REQUESTS else None
+        if load is not None:
             register(key, stop)
             registered = True
-            yield from _loading_frames(preset, stop, baselines)
+            yield from _loading_frames(preset, load, stop, baselines)
             if stop.is_set():
                 return
+            try:
+                waited_for(preset, load)  # the load failed, or never ended: every run that waited is told
+            except InvalidInput as e:
+                raise refused(e) from None
         bundle = bundle_for(preset)
         names = bundle.drafter_names
         drafters = _drafters_asked(names, drafters)
@@ -123,23 +131,22 @@ def generate_view(prompt: str, preset: str = DEFAULT_PRESET, drafters: list[str]
             STOPS.end(key, stop)
 
 
-def _loading_frames(preset: str, stop: threading.Event, baselines: dict | None) -> Iterator[Frame]:
+def _loading_frames(preset: str, load: PresetLoad, stop: threading.Event, baselines: dict | None) -> Iterator[Frame]:
     """While the server's models load (the first minute after a start): what the load is doing, every
-    WAIT_UPDATE_S, until they are loaded (or the load failed: bundle_for then says why) or Stop is pressed."""
+    WAIT_UPDATE_S, until it has ended (loaded or failed), Stop is pressed or LOAD_WAIT_S have gone by."""
     names, chosen = page_drafters(preset)
     view = viz.LiveView(viz.drafter_colors(names), chosen, placeholder="waiting for the model ...")
     record = RunRecord(preset=preset, prompt="", all_drafters=names, drafters=chosen)
     first = True
-    while (state := loading(preset)) is not None and not stop.is_set():
-        spent, step = state
-        status = f"waiting for the model to load ({spent:.0f} s so far)"
-        note = (f"The server has just started and is loading its models: {step.rstrip(' .')}. Your run starts as soon as they "
-                "are ready (on a machine's first start the offline model is converted once, about 20 s). "
+    while not load.is_set() and not stop.is_set() and load.seconds < LOAD_WAIT_S:
+        status = f"waiting for the model to load ({load.seconds:.0f} s so far)"
+        note = (f"The server has just started and is loading its models: {load.step.rstrip(' .')}. Your run starts as "
+                "soon as they are ready (on a machine's first start the offline model is converted once, about 20 s). "
                 "Stop takes this run back.")
         yield (frame(view, record, baselines, status, note, record=None, lanes=lanes_placeholder()) if first
                else Frame(tokens=view.tokens_html(status), stats=stats(view, record, baselines, note)))
         first = False
-        stop.wait(WAIT_UPDATE_S)
+        stop.wait(WAIT_UPDATE_S)  # a Stop ends the wait at once; the load's end within a second
     if stop.is_set():
         yield frame(view, record, baselines, "stopped while the model was loading: you pressed Stop", record=None,
                     lanes=lanes_placeholder())
