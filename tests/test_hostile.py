@@ -60,7 +60,8 @@ def _start() -> Server:
             raise RuntimeError(f"app.py exited with {proc.returncode}; see {log.name}")
         try:
             cfg = httpx.get(url + "config", timeout=5)
-            if cfg.status_code == 200:
+            # The page is served while the models load: the server's baseline is taken once they are ready.
+            if cfg.status_code == 200 and b"ready to serve" in Path(log.name).read_bytes():
                 deps = {d["api_name"]: d for d in cfg.json()["dependencies"]}
                 return Server(url, proc, deps)
         except httpx.HTTPError:

@@ -204,7 +204,7 @@ def test_presets_load_in_the_background_and_loaded_ones_are_bounded(monkeypatch)
 
     gate = threading.Event()
 
-    def slow_load(name):
+    def slow_load(name, progress=None):
         gate.wait(10)
         return SimpleNamespace(name=name, drafter_names=[f"{name}-d"], default_drafters=[f"{name}-d"])
 

@@ -90,6 +90,7 @@ def _load(name: str, done: PresetLoad) -> None:
             while len(_bundles) > max(1, MAX_BUNDLES):
                 old, _ = _bundles.popitem(last=False)  # requests still running on it keep their reference
                 log.info("unloaded preset %s (least recently used; at most %d loaded)", old, MAX_BUNDLES)
+        log.info("preset %s ready to serve (loaded and warmed up in %.1f s)", name, done.seconds)
         del bundle
         free_memory()
     except Exception as e:  # noqa: BLE001  (told to the next one who asks; the log keeps the traceback)
