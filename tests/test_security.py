@@ -231,3 +231,37 @@ def test_presets_load_in_the_background_and_loaded_ones_are_bounded(monkeypatch)
     bundles.get_bundle("hub-a")  # hub-a most recently used: hub-b is the one to go
     assert bundles.get_bundle("hub-c").name == "hub-c"
     assert list(bundles._bundles) == ["hub-a", "hub-c"]
+
+
+def test_a_wait_for_a_load_ends_with_the_load_a_stop_or_its_time_limit(monkeypatch):
+    """PresetLoad.waiting, which both the page's run and Compare wait in: it ticks while the load runs, returns when
+    it ends or Stop/Cancel is pressed, and raises the user's message where the load failed or ran past LOAD_WAIT_S."""
+    import threading
+
+    from metasd.core.validation import InvalidInput
+    from metasd.ui import bundles
+
+    load, stop = bundles.PresetLoad(), threading.Event()
+    ticks = 0
+    for _ in load.waiting("offline", stop, every=0.01):
+        ticks += 1
+        if ticks == 3:
+            load.set()  # loaded
+    assert ticks == 3
+
+    load = bundles.PresetLoad()
+    load.error = "OSError: disk full"
+    load.set()
+    with pytest.raises(InvalidInput, match=r"loading preset offline failed \(OSError: disk full\); choose it again"):
+        list(load.waiting("offline", stop))
+
+    load, stop = bundles.PresetLoad(), threading.Event()
+    waiting = load.waiting("offline", stop, every=0.01)
+    next(waiting)
+    stop.set()  # Stop pressed: the wait ends without a word (the caller says it was stopped)
+    assert list(waiting) == []
+
+    monkeypatch.setattr(bundles, "LOAD_WAIT_S", 0.05)
+    load = bundles.PresetLoad()
+    with pytest.raises(InvalidInput, match="did not load within"):
+        list(load.waiting("offline", threading.Event(), every=0.02))

@@ -8,6 +8,7 @@ import os
 import threading
 import time
 from collections import OrderedDict
+from collections.abc import Iterator
 from typing import Any
 
 import gradio as gr
@@ -57,8 +58,25 @@ class PresetLoad(threading.Event):
     def seconds(self) -> float:
         return time.perf_counter() - self.started
 
-    def failure(self, name: str) -> InvalidInput:
-        return InvalidInput(f"loading preset {name} failed ({self.error}); choose it again to retry")
+    def waiting(self, name: str, stop: threading.Event, every: float = 1.0) -> Iterator[None]:
+        """Yield at once and then every `every` s while the load runs, until it has ended or `stop` is set
+        (a waiting run's Stop, Compare's Cancel); raise what a run that waited is told where the load failed
+        or did not end within LOAD_WAIT_S."""
+        while not self.is_set() and not stop.is_set():
+            if self.seconds >= LOAD_WAIT_S:
+                raise _late(name)
+            yield
+            stop.wait(every)  # Stop ends the wait at once; the load's end is seen within `every`
+        if self.error and not stop.is_set():
+            raise _failed(name, self.error)
+
+
+def _failed(name: str, error: str) -> InvalidInput:
+    return InvalidInput(f"loading preset {name} failed ({error}); choose it again to retry")
+
+
+def _late(name: str) -> InvalidInput:
+    return InvalidInput(f"preset {name} did not load within {LOAD_WAIT_S:.0f} s")
 
 
 _loading: dict[str, PresetLoad] = {}
@@ -119,26 +137,15 @@ def get_bundle(name: Any, wait: bool = True) -> Bundle:
             done = _loading[name] = PresetLoad()
             threading.Thread(target=_load, args=(name, done), name=f"metasd-load-{name}", daemon=True).start()
     if failed is not None:
-        raise InvalidInput(f"loading preset {name} failed ({failed}); choose it again to retry")
+        raise _failed(name, failed)
     if not wait:
         raise Loading(f"preset {name} is loading in the background (a minute or two for a hub model); "
                       "choose it again in a moment")
     if not done.wait(LOAD_WAIT_S):
-        raise InvalidInput(f"preset {name} did not load within {LOAD_WAIT_S:.0f} s")
+        raise _late(name)
     if done.error:
-        raise done.failure(name)
+        raise _failed(name, done.error)
     return get_bundle(name, wait=False)
-
-
-def waited_for(name: str, load: PresetLoad | None) -> None:
-    """After waiting on `load` (loading(name) when the wait began): raise what a run that waited is told if the
-    load failed, or if it did not end within LOAD_WAIT_S."""
-    if load is None:
-        return
-    if load.error:
-        raise load.failure(name)
-    if not load.is_set() and load.seconds >= LOAD_WAIT_S:
-        raise InvalidInput(f"preset {name} did not load within {LOAD_WAIT_S:.0f} s")
 
 
 def _warm_up(bundle: Bundle) -> None:
@@ -153,21 +160,15 @@ def bundle_for(name: Any, progress: Any = None, cancel: threading.Event | None =
     tracker, a wait for a preset still loading (the first half-minute after a start) shows the load's step, and
     `cancel` set ends it."""
     load = loading(name) if progress is not None and WAIT_IN_REQUESTS else None
-    while load is not None and not load.is_set() and load.seconds < LOAD_WAIT_S:
-        if cancel is not None and cancel.is_set():
-            raise gr.Error("Cancelled while the model was loading.", print_exception=False)
-        progress(0.0, desc=f"waiting for the model to load ({load.seconds:.0f} s so far): {load.step}")
-        load.wait(1.0)
     try:
-        waited_for(name, load)
+        if load is not None:
+            for _ in load.waiting(name, cancel or threading.Event()):
+                progress(0.0, desc=f"waiting for the model to load ({load.seconds:.0f} s so far): {load.step}")
+            if cancel is not None and cancel.is_set():
+                raise gr.Error("Cancelled while the model was loading.", print_exception=False)
         return get_bundle(name, wait=WAIT_IN_REQUESTS)
     except InvalidInput as e:
         raise refused(e) from None
-
-
-def drafters_of(name: str, wait: bool = True) -> list[str]:
-    """The drafters a preset really has once loaded (a distilled drafter without weights is left out)."""
-    return get_bundle(name, wait).drafter_names
 
 
 def start_loading(name: str) -> None:

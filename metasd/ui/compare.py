@@ -169,13 +169,9 @@ def compare_set(source: str, upload: Any, per_category: int, preset: str, policy
     """A prompt set: each drafter alone and the bandit on every prompt; acceptance heatmap and speed-up bars,
     updated after every prompt. Cancel ends it before its next run and keeps what it measured."""
     bundle, cancel, key = _bundle_and_cancel(preset, progress, request)
-    try:
-        items, max_new_tokens = _prompt_set(bundle, source, upload, per_category, policy, max_new_tokens)
-    except BaseException:
-        STOPS.end(key, cancel)
-        raise
     colors = viz.drafter_colors(bundle.drafter_names)
     try:
+        items, max_new_tokens = _prompt_set(bundle, source, upload, per_category, policy, max_new_tokens)
         rows, cancelled_at, grid = yield from _run_set(bundle, items, _methods(bundle, policy), max_new_tokens,
                                                        progress, cancel, colors)
     finally:

@@ -27,18 +27,15 @@ from metasd.models.presets import DEFAULT_PRESET, PRESETS
 from metasd.models.spaces import gpu_duration
 from metasd.ui import viz
 from metasd.ui.bundles import (
-    LOAD_WAIT_S,
     MODEL,
     WAIT_IN_REQUESTS,
     PresetLoad,
     available_presets,
     bundle_for,
     default_preset,
-    drafters_of,
     loading,
     measure_target,
     page_drafters,
-    waited_for,
 )
 from metasd.ui.config import (
     BATCH_DRAFTS,
@@ -104,13 +101,12 @@ def generate_view(prompt: str, preset: str = DEFAULT_PRESET, drafters: list[str]
         if load is not None:
             register(key, stop)
             registered = True
-            yield from _loading_frames(preset, load, stop, baselines)
-            if stop.is_set():
-                return
-            try:
-                waited_for(preset, load)  # the load failed, or never ended: every run that waited is told
+            try:  # a load that failed, or never ended, is told to every run that waited on it
+                yield from _loading_frames(preset, load, stop, baselines)
             except InvalidInput as e:
                 raise refused(e) from None
+            if stop.is_set():
+                return
         bundle = bundle_for(preset)
         names = bundle.drafter_names
         drafters = _drafters_asked(names, drafters)
@@ -138,7 +134,7 @@ def _loading_frames(preset: str, load: PresetLoad, stop: threading.Event, baseli
     view = viz.LiveView(viz.drafter_colors(names), chosen, placeholder="waiting for the model ...")
     record = RunRecord(preset=preset, prompt="", all_drafters=names, drafters=chosen)
     first = True
-    while not load.is_set() and not stop.is_set() and load.seconds < LOAD_WAIT_S:
+    for _ in load.waiting(preset, stop, WAIT_UPDATE_S):
         status = f"waiting for the model to load ({load.seconds:.0f} s so far)"
         note = (f"The server has just started and is loading its models: {load.step.rstrip(' .')}. Your run starts as "
                 "soon as they are ready (on a machine's first start the offline model is converted once, about 20 s). "
@@ -146,7 +142,6 @@ def _loading_frames(preset: str, load: PresetLoad, stop: threading.Event, baseli
         yield (frame(view, record, baselines, status, note, record=None, lanes=lanes_placeholder()) if first
                else Frame(tokens=view.tokens_html(status), stats=stats(view, record, baselines, note)))
         first = False
-        stop.wait(WAIT_UPDATE_S)  # a Stop ends the wait at once; the load's end within a second
     if stop.is_set():
         yield frame(view, record, baselines, "stopped while the model was loading: you pressed Stop", record=None,
                     lanes=lanes_placeholder())
@@ -160,7 +155,7 @@ def _drafters_asked(names: list[str], drafters: Any) -> Any:
     if drafters is not None and len(drafters) == 0:
         raise gr.Error("Tick at least one drafter.")
     if (isinstance(drafters, list) and not set(drafters) <= set(names)
-            and list(drafters) == drafters_of(default_preset())):
+            and list(drafters) == page_drafters(default_preset())[0]):
         return None  # the page's default list was sent along with another preset: use all of its drafters
     return drafters
 
