@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The benchmark on one GPU with a hub preset, end to end in about 5 minutes (docs/DESIGN.md §6:
+# The benchmark on one GPU with a hub preset, then a class of users at once, end to end in about 9 minutes (docs/DESIGN.md §6:
 # GPU figures come only from a GPU run). CPU CI never runs this.
 #
 #   scripts/gpu_bench.sh                       # qwen2.5-1.5b, 6 categories x 1 prompt, 128 tokens
@@ -7,8 +7,9 @@
 #   scripts/gpu_bench.sh --dry-run             # the same commands on the CPU against tiny stand-ins (CI)
 #
 # Settings (environment): PRESET, DEVICE (cuda), PROMPTS (Spec-Bench question.jsonl), CATEGORIES,
-# PER_CATEGORY, MAX_NEW_TOKENS, METHODS, OUT_DIR, TIME_LIMIT (seconds, whole run), RUN_EXAMPLES (the
-# examples recorded as replays), PYTHON; METASD_DRY_RUN=1 is the same as --dry-run.
+# PER_CATEGORY, MAX_NEW_TOKENS, METHODS, OUT_DIR, TIME_LIMIT (seconds, the benchmark), RUN_EXAMPLES (the
+# examples recorded as replays), LOAD_USERS (class sizes of the concurrent-users run, "1 8 32"),
+# LOAD_TIME_LIMIT (seconds, that run), PYTHON; METASD_DRY_RUN=1 is the same as --dry-run.
 # The models come from the Hugging Face hub: on a machine without network they must already be
 # in the hub cache (then set HF_HUB_OFFLINE=1). Results go to OUT_DIR, and also to $OUT when the
 # device runner sets it (so they come back from the GPU machine).
@@ -112,6 +113,19 @@ for qid in $RUN_EXAMPLES; do
   PYTHONPATH=. TOKENIZERS_PARALLELISM=false "$PYTHON" -m metasd generate "$prompt" --preset "$PRESET" --device "$DEVICE" \
     --max-new-tokens "$MAX_NEW_TOKENS" --json > "$OUT_DIR/runs/gpu-$PRESET-$qid.json" || rc=$?
 done
+# A class at once (docs/DESIGN.md §7): gradio_client users pressing Run together against the app started as a
+# Space on this GPU (shared rounds in blocks of rows), each answer checked against its solo run. The dry run
+# cannot serve a GPU preset (a CPU's page offers only the offline one): it runs the same users on the shared
+# rounds without the web server (--engine-only), on the stand-ins.
+if [[ $DRY_RUN == 1 ]]; then
+  load=(--engine-only --device "$DEVICE" --users 1 3 --max-new-tokens 4 --prompts 3)
+else
+  load=(--users ${LOAD_USERS:-1 8 32} --max-new-tokens 64 --timeout 120)
+fi
+echo "gpu_bench: a class at once -> $OUT_DIR/load_users.md" >&2
+PYTHONPATH=. TOKENIZERS_PARALLELISM=false timeout --signal=INT "${LOAD_TIME_LIMIT:-240}" "$PYTHON" scripts/load_users.py \
+  --preset "$PRESET" "${load[@]}" > "$OUT_DIR/load_users.md" || rc=$?
+cat "$OUT_DIR/load_users.md" >&2
 if [[ $DRY_RUN != 1 && -n "${OUT:-}" && -d "${OUT:-}" ]]; then
   cp -r "$OUT_DIR" "$OUT/" 2>/dev/null || true
 fi

@@ -23,6 +23,7 @@ The solo answers are computed in this process before the server starts (greedy i
 from __future__ import annotations
 
 import argparse
+import functools
 import os
 import re
 import statistics
@@ -95,7 +96,7 @@ def light_client() -> None:
     gradio_client.utils.apply_diff = _patch_in_place
 
 
-def one_user(url: str, prompt: str, n: int, go: threading.Event, timeout: float) -> UserRun:
+def one_user(url: str, prompt: str, n: int, go: threading.Event, timeout: float, preset: str = "offline") -> UserRun:
     from gradio_client import Client
 
     run = UserRun(prompt)
@@ -103,7 +104,7 @@ def one_user(url: str, prompt: str, n: int, go: threading.Event, timeout: float)
         client = Client(url, verbose=False)
         go.wait(timeout)
         t0 = time.perf_counter()
-        job = client.submit(prompt, preset="offline", max_new_tokens=n, temperature=0.0, api_name="/generate")
+        job = client.submit(prompt, preset=preset, max_new_tokens=n, temperature=0.0, api_name="/generate")
         last, seen = None, 0
         # Polled 20 times a second, not iterated: gradio_client's iterator checks for news every millisecond in
         # each user's thread (64 of them took a core from the server), and waits forever if its reader died.
@@ -142,13 +143,25 @@ def one_user(url: str, prompt: str, n: int, go: threading.Event, timeout: float)
     return run
 
 
-def solo_answers(prompts: list[str], n: int) -> dict[str, tuple[str, int]]:
+@functools.cache
+def the_bundle(preset: str, device: str | None) -> Any:
+    """The preset's models in this process: the page's own load for the offline preset, else load_bundle (a
+    hub preset on a GPU, or on the CPU against stand-ins: scripts/gpu_bench.sh --dry-run)."""
+    if preset == "offline" and device is None:
+        from metasd.ui.bundles import get_bundle
+
+        return get_bundle("offline")
+    from metasd.models.loading import load_bundle
+
+    return load_bundle(preset, device=device)
+
+
+def solo_answers(prompts: list[str], n: int, preset: str = "offline", device: str | None = None) -> dict[str, tuple[str, int]]:
     """Each prompt's answer from the engine alone (the page's policy; greedy output is the target's)."""
     from metasd.core.engine import run
-    from metasd.ui.bundles import get_bundle
     from metasd.ui.config import PAGE_POLICY
 
-    bundle = get_bundle("offline")
+    bundle = the_bundle(preset, device)
     out = {}
     for p in dict.fromkeys(prompts):
         rounds, summary = run(bundle, p, max_new_tokens=n, policy=PAGE_POLICY)
@@ -176,7 +189,7 @@ def drive(url: str, pid: int, users: int, prompts: list[str], solo: dict, a: arg
     mine = [prompts[i % len(prompts)] for i in range(users)]
 
     def user(i: int) -> None:
-        runs[i] = one_user(url, mine[i], a.max_new_tokens, go, a.timeout)
+        runs[i] = one_user(url, mine[i], a.max_new_tokens, go, a.timeout, a.preset)
 
     threads = [threading.Thread(target=user, args=(i,), daemon=True) for i in range(users)]
     for t in threads:
@@ -221,17 +234,17 @@ def engine_only(users: int, prompts: list[str], solo: dict, a: argparse.Namespac
     threads submitting at the same moment, no web server, no frames (what the server adds is the gap)."""
     import torch
 
-    from metasd.core.batch import Rounds
+    from metasd.core.batch import Rounds, row_invariant
     from metasd.core.engine import prepare, steps
     from metasd.core.prefix import PrefixStore
-    from metasd.ui.bundles import get_bundle
-    from metasd.ui.config import PAGE_POLICY, PREFIX_MB
+    from metasd.ui.config import PAGE_POLICY, PASS_BLOCK, PREFIX_MB
 
-    bundle = get_bundle("offline")
+    bundle = the_bundle(a.preset, a.device)
     cores = a.engine_threads or os.cpu_count() or 1  # default: every core, as a hosted server's rounds get them
     torch.set_num_threads(cores)
-    rounds = Rounds(bundle.target, max_batch=users, threads=cores, share=True,  # as the server's (start_rounds)
-                    prefixes=PrefixStore(PREFIX_MB * 2**20), share_drafts=a.draft_batching == "on")
+    block = PASS_BLOCK if next(bundle.target.parameters()).is_cuda else 0  # as start_rounds on a GPU
+    rounds = Rounds(bundle.target, max_batch=users, threads=cores, share=row_invariant(bundle.target, block=block),
+                    prefixes=PrefixStore(PREFIX_MB * 2**20), share_drafts=a.draft_batching == "on", block=block)
     go = threading.Event()
     runs = [UserRun(prompts[i % len(prompts)]) for i in range(users)]
 
@@ -270,7 +283,8 @@ def engine_only(users: int, prompts: list[str], solo: dict, a: argparse.Namespac
     firsts = [r.first_token for r in runs if r.first_token is not None]
     same = sum(r.text == solo[r.prompt][0] for r in runs)
     per_user = statistics.median(r.tokens / r.wall for r in runs if r.wall)
-    what = "engine only" + (f", {a.engine_threads} torch thread(s)" if a.engine_threads else "") + (
+    what = "engine only" + ("" if rounds.share else ", passes not shared (rows not invariant)") + (
+        f", {a.engine_threads} torch thread(s)" if a.engine_threads else "") + (
         f", {a.beside} beside ({a.beside_share:.0%} of a core)" if a.beside != "none" else "")
     return (f"| {users} | {what} | {sum(r.tokens for r in runs) / wall:.1f} | {per_user:.1f} "
             f"| {pct(firsts, 0.5):.1f} s / {pct(firsts, 0.95):.1f} s | {users} / - / - | - | {same} of {users} "
@@ -280,6 +294,9 @@ def engine_only(users: int, prompts: list[str], solo: dict, a: argparse.Namespac
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--users", type=int, nargs="+", default=[1, 8, 32, 64])
+    ap.add_argument("--preset", default="offline", help="the preset the users ask for (a hub preset on a GPU)")
+    ap.add_argument("--device", default=None,
+                    help="where this process runs the solo answers and --engine-only (default: the preset's own)")
     ap.add_argument("--max-new-tokens", type=int, default=64)
     ap.add_argument("--timeout", type=float, default=600.0, help="seconds a user waits at most for its answer")
     ap.add_argument("--max-users", type=int, default=64)
@@ -314,7 +331,7 @@ def main() -> None:
     prompts = [e["turns"][0] for e in EXAMPLES][: a.prompts]
     if a.distinct:
         prompts = [f"Student {i + 1} asks: {prompts[i % len(prompts)]}" for i in range(max(a.users))]
-    solo = solo_answers(prompts, a.max_new_tokens)
+    solo = solo_answers(prompts, a.max_new_tokens, a.preset, a.device)
     light_client()
     if a.engine_only:
         print("| users | server | aggregate tok/s | user tok/s (median) | first token p50 / p95 | served | - "
@@ -324,8 +341,10 @@ def main() -> None:
         return
     port = free_port()
     env = scrubbed_env(SPACE_ID="local/metasd-load", PORT=str(port), METASD_BATCH="1" if a.batching == "on" else "0",
-                       METASD_BATCH_DRAFTS="1" if a.draft_batching == "on" else "0")
+                       METASD_BATCH_DRAFTS="1" if a.draft_batching == "on" else "0", METASD_PRESET=a.preset)
     env.pop("OMP_NUM_THREADS")  # a Space sets none
+    # Where the hub models are, and which GPU: as this process was told.
+    env.update({k: v for k, v in os.environ.items() if k.startswith(("HF_", "TRANSFORMERS_", "CUDA_"))})
     for item in a.server_env:
         name, _, value = item.partition("=")
         if not name.startswith(("METASD_", "OMP_", "GOMP_")) or not value:

@@ -220,8 +220,26 @@ def check(max_new_tokens: int = 24) -> dict:
                     accepted[r.drafter] = accepted.get(r.drafter, 0) + r.accepted
                 entry["runs"].append({**st, "prompt": prompt, "ours": list(summary.token_ids), "reference": ref,
                                       "accepted": accepted, "text": summary.text})
+        entry["shared"] = shared_rounds(b)
         report[name] = entry
     return report
+
+
+def shared_rounds(b, max_new_tokens: int = 16, block: int = 16) -> dict:
+    """The preset's target in shared rounds as a GPU server runs them (metasd.core.batch.Rounds, row-wise layers
+    in calls of `block` rows): three requests at once, against each one's solo run through the engine."""
+    from metasd.core.batch import Rounds, row_invariant
+    from metasd.core.engine import collect, generate, prepare, steps
+
+    prompts = [*PROMPTS, "Name three colours of the rainbow."]
+    kw = {"max_new_tokens": max_new_tokens, "policy": "metasd-ucb"}
+    solo = [[t for r in collect(generate(b, p, **kw))[0] for t in r.emitted] for p in prompts]
+    rounds = Rounds(b.target, max_batch=len(prompts), idle_s=1.0, block=block)
+    reqs = [prepare(b, p, **kw) for p in prompts]
+    streams = [rounds.submit(req, steps(req, None)) for req in reqs]
+    together = [[t for r in collect(s)[0] for t in r.emitted] for s in streams]
+    return {"invariant": row_invariant(b.target, block=block), "share": rounds.share, "most": rounds.most,
+            "solo": solo, "together": together}
 
 
 if __name__ == "__main__":

@@ -98,6 +98,15 @@ def test_every_policy_and_drafter_is_identical_to_the_target_greedy(report):
             assert max(r["ours"]) < e["tokenizer_ids"]
 
 
+def test_every_hub_preset_serves_a_class_in_shared_rounds_as_a_gpu_server_does(report):
+    """The scheduler a GPU server runs (batch-invariant blocks of rows; docs/DESIGN.md §7) on every hub preset's
+    architecture: three requests verified in shared passes, each one's output its solo output."""
+    for name, entry in report.items():
+        shared = entry["shared"]
+        assert shared["invariant"] and shared["share"], name
+        assert shared["together"] == shared["solo"] and shared["most"] >= 2, (name, shared)
+
+
 def test_model_drafters_get_accepted_across_the_vocabulary_gap(report):
     """On the 7B preset the drafters' logits (1024 ids) are fitted into the target's 1152: each model drafter
     alone must have drafts accepted, so the fitted rows really took part in verification."""
@@ -125,8 +134,8 @@ def _snapshot_file(cache: Path, repo: str, name: str) -> Path:
 @pytest.mark.parametrize("preset", HUB_PRESETS)
 def test_gpu_bench_dry_run(preset, tmp_path):
     """`scripts/gpu_bench.sh --dry-run`: the GPU benchmark's commands, on the CPU against stand-ins it builds
-    itself. Every method of the preset's list runs, every output is identical to the baseline, and the
-    replays it records are valid run files."""
+    itself. Every method of the preset's list runs, every output is identical to the baseline, the replays it
+    records are valid run files, and the class of users at once gets its solo answers."""
     out = tmp_path / "out"
     env = scrubbed_env(PRESET=preset, OUT_DIR=str(out), PYTHON=sys.executable, TMPDIR=str(tmp_path))
     p = subprocess.run(["bash", "scripts/gpu_bench.sh", "--dry-run"], cwd=ROOT, env=env, capture_output=True,
@@ -144,6 +153,11 @@ def test_gpu_bench_dry_run(preset, tmp_path):
     for f in runs:
         replay = parse_run(f.read_bytes())
         assert replay.rounds, f
+    # The concurrent-users run: every user's answer is its solo answer, on the shared rounds.
+    load = (out / "load_users.md").read_text(encoding="utf-8")
+    rows = [line for line in load.splitlines() if re.match(r"\| \d+ \| engine only", line)]
+    assert len(rows) == 2 and all(re.search(r"\| (\d+) of \1 \|", r) for r in rows), load
+    assert "not shared" not in load, load
     assert not any(tmp_path.glob("metasd-standins.*")), "the dry run left its stand-in cache behind"
 
 

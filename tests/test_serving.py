@@ -256,13 +256,70 @@ def _emitted(events) -> list[int]:
     return [t for ev in rounds for t in ev.emitted]
 
 
-def _together(bundle, prompts, kw_of, max_batch: int):
-    rounds = Rounds(bundle.target, max_batch=max_batch, idle_s=1.0)
+def _together(bundle, prompts, kw_of, max_batch: int, block: int = 0):
+    rounds = Rounds(bundle.target, max_batch=max_batch, idle_s=1.0, block=block)
     streams = []
     for i, p in enumerate(prompts):
         req = prepare(bundle, p, **kw_of(i))
         streams.append(rounds.submit(req, steps(req, None)))
     return [_emitted(s) for s in streams], rounds
+
+
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_blocked_rounds_as_on_a_gpu_give_each_request_its_solo_output(temperature):
+    """Batch-invariant blocking, as a GPU's shared rounds run: every pass's row-wise layers in calls of exactly 8
+    rows, a request alone included (it never takes the engine's own pass, so its bits never depend on company).
+    Each request's every round equals its solo run through the engine, where no blocking happens."""
+    from metasd.core.batch import rowwise
+    from metasd.core.engine import Request
+
+    bundle = tiny_bundle(vocab=64)
+    assert pack_linears(bundle.target) > 0 and row_invariant(bundle.target, block=8)
+    x = torch.randn(1, 21, bundle.target.config.hidden_size)
+    head = bundle.target.lm_head
+    assert torch.equal(rowwise(head, x, 8), head(x)) and rowwise(head, x, 8).shape == head(x).shape
+    g = torch.Generator().manual_seed(5)
+    prompts = [torch.randint(0, 64, (n,), generator=g).tolist() for n in (7, 19, 4, 11, 25)]
+
+    def kw(i: int) -> dict:
+        return {"chat_template": False, "max_new_tokens": 10 + 5 * i, "temperature": temperature,
+                "policy": "metasd-ucb", "seed": i}
+
+    solo = [_emitted(generate(bundle, p, **kw(i))) for i, p in enumerate(prompts)]
+    together, rounds = _together(bundle, prompts, kw, max_batch=3, block=8)  # the last one runs alone
+    assert together == solo and rounds.most >= 2
+    with mock.patch.object(Request, "pass_alone", side_effect=AssertionError("a lone request left the blocks")):
+        alone, _ = _together(bundle, prompts[:1], kw, max_batch=3, block=8)
+    assert alone == solo[:1]
+
+
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_blocks_make_kernels_chosen_by_shape_row_invariant_as_on_a_gpu(temperature):
+    """The GPU's case on this CPU: torch's default linear kernels (unpacked) give a row other bits beside other
+    rows, so plain passes may not be shared; in blocks of a fixed number of rows they give it the same bits,
+    and a request's every round in company (arm, draft, the target's p of each drafted id to the last bit,
+    verdict, emitted ids) equals its run alone in the same blocked rounds (without blocks, the sampled run's p
+    differ). (A GPU server's page runs all go through its blocked rounds, alone or not.)"""
+    bundle = tiny_bundle(vocab=64)
+    assert not row_invariant(bundle.target) and row_invariant(bundle.target, block=16)
+    g = torch.Generator().manual_seed(9)
+    prompts = [torch.randint(0, 64, (n,), generator=g).tolist() for n in (6, 21, 13, 9)]
+
+    def kw(i: int) -> dict:
+        return {"chat_template": False, "max_new_tokens": 14 + 3 * i, "temperature": temperature,
+                "policy": "metasd-ucb", "seed": i}
+
+    def runs(prompts_now: list, max_batch: int) -> list:
+        rounds = Rounds(bundle.target, max_batch=max_batch, idle_s=1.0, block=16, share=True)
+        reqs = [prepare(bundle, p, **kw(prompts.index(p))) for p in prompts_now]
+        streams = [rounds.submit(r, steps(r, None)) for r in reqs]
+        # p(x) of each drafted id, to the last bit (a sampled run's verdicts read it)
+        out = [[(ev.drafter, ev.draft, ev.accepted, ev.emitted, ev.p_draft) for ev in collect(st)[0]] for st in streams]
+        return out, rounds.most
+
+    alone = [runs([p], 1)[0][0] for p in prompts]
+    together, most = runs(prompts, 4)
+    assert together == alone and most >= 2
 
 
 @pytest.mark.parametrize("temperature, policy", [(0.0, "metasd-ucb"), (1.0, "round-robin")])
@@ -595,3 +652,22 @@ def test_absent_optional_modules_are_marked_absent_once_and_present_ones_left_al
         importlib.import_module(name)
     app.no_missing_imports(name)  # already marked: no second search
     assert searched == [name]
+
+
+def test_compare_runs_join_the_shared_rounds(page_offline):
+    """Compare on a server that shares rounds (a class on a Space): each method's run joins them like a student's
+    run, none runs the engine in the server's own process, and every output is still the target's own."""
+    from metasd.ui.compare import compare_prompt
+
+    bundle = get_bundle("offline")
+    slots = MODEL.slots
+    ui_generate.start_rounds(bundle)
+    try:
+        with mock.patch.object(ui_generate, "generate", side_effect=AssertionError("ran in the server's process")):
+            table, _, _ = compare_prompt(PROMPT, "offline", PAGE_POLICY, 8, progress=lambda *a, **k: None)
+        assert len(table) == len(bundle.drafter_names) + 2  # the target alone, each drafter alone, the bandit
+        assert table["identical_to_target"].all() and (table["new_tokens"] == 8).all()
+    finally:
+        ui_generate.stop_rounds()
+        MODEL.resize(slots)
+    assert MODEL.running == 0 and not STOPS.runs

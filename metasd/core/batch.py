@@ -102,10 +102,26 @@ def supports(model: torch.nn.Module) -> bool:
     return all(hasattr(a, n) for n in ("q_proj", "k_proj", "v_proj", "o_proj", "head_dim")) and hasattr(layers[0], "mlp")
 
 
+def rowwise(fn: Callable[[torch.Tensor], torch.Tensor], x: torch.Tensor, block: int = 0) -> torch.Tensor:
+    """`fn` (row-wise: norms, projections, the MLP, the head) over the rows of x ([1, rows, width]). With `block`,
+    in calls of exactly `block` rows each, the last one padded with zero rows: every call then has one shape
+    whatever company a request keeps, so a device whose kernels are chosen by shape (cuBLAS) gives a row the
+    same bits alone and beside others (batch-invariant blocking; `row_invariant(model, block=...)` checks it)."""
+    if not block:
+        return fn(x)
+    rows = x.shape[1]
+    pad = -rows % block
+    if pad:
+        x = torch.cat((x, x.new_zeros(x.shape[0], pad, x.shape[2])), dim=1)
+    return torch.cat([fn(x[:, i: i + block]) for i in range(0, x.shape[1], block)], dim=1)[:, :rows]
+
+
 @torch.no_grad()
-def verify_together(model: torch.nn.Module, parts: list[VerifyPart]) -> list[torch.Tensor]:
+def verify_together(model: torch.nn.Module, parts: list[VerifyPart], block: int = 0) -> list[torch.Tensor]:
     """One pass over every part's ids: each part's logits ([len(ids), vocab], or its last `keep` rows), as its
-    own pass gives. The target's verification, and a drafter model's forward for several requests at once."""
+    own pass gives. The target's verification, and a drafter model's forward for several requests at once.
+    `block`: the row-wise layers in calls of that many rows (`rowwise`), for devices where a kernel's bits
+    depend on how many rows it is given."""
     lm = model.model
     spans, a = [], 0
     for p in parts:
@@ -123,9 +139,10 @@ def verify_together(model: torch.nn.Module, parts: list[VerifyPart]) -> list[tor
              for p, (a, b) in zip(parts, spans, strict=True)]  # each part's own, as its own forward builds it
     for layer in lm.layers[: lm.config.num_hidden_layers]:
         residual = h
-        h = residual + _attention(layer.self_attn, layer.input_layernorm(h), parts, spans, masks, rotary)
+        h = residual + _attention(layer.self_attn, rowwise(layer.input_layernorm, h, block), parts, spans, masks,
+                                  rotary, block)
         residual = h
-        h = residual + layer.mlp(layer.post_attention_layernorm(h))
+        h = residual + rowwise(lambda x, layer=layer: layer.mlp(layer.post_attention_layernorm(x)), h, block)
     # Only the rows whose logits are wanted reach the head (the norm and the head are both row-wise).
     kept = [(b - min(p.keep, b - a), b) if p.keep else (a, b) for p, (a, b) in zip(parts, spans, strict=True)]
     if kept != spans:
@@ -134,18 +151,18 @@ def verify_together(model: torch.nn.Module, parts: list[VerifyPart]) -> list[tor
         for lo, hi in kept:
             spans.append((a, a + hi - lo))
             a += hi - lo
-    logits = model.lm_head(lm.norm(h))
+    logits = rowwise(lambda x: model.lm_head(lm.norm(x)), h, block)
     return [logits[0, a:b] for a, b in spans]
 
 
 def _attention(attn: torch.nn.Module, x: torch.Tensor, parts: list[VerifyPart], spans: list[tuple[int, int]],
-               masks: list, rotary: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
+               masks: list, rotary: tuple[torch.Tensor, torch.Tensor], block: int = 0) -> torch.Tensor:
     """The attention block: projections and rotary embeddings over all rows at once (both row-wise), then
     attention per part against its own cache, written into one output for the output projection."""
     shape = (1, x.shape[1], -1, attn.head_dim)
-    q = attn.q_proj(x).view(shape).transpose(1, 2)
-    k = attn.k_proj(x).view(shape).transpose(1, 2)
-    v = attn.v_proj(x).view(shape).transpose(1, 2)
+    q = rowwise(attn.q_proj, x, block).view(shape).transpose(1, 2)
+    k = rowwise(attn.k_proj, x, block).view(shape).transpose(1, 2)
+    v = rowwise(attn.v_proj, x, block).view(shape).transpose(1, 2)
     q, k = apply_rotary_pos_emb(q, k, *rotary)
     interface: Callable = ALL_ATTENTION_FUNCTIONS.get_interface(attn.config._attn_implementation, _eager_missing)
     out = torch.empty((1, x.shape[1], q.shape[1] * attn.head_dim), dtype=q.dtype, device=q.device)
@@ -157,7 +174,7 @@ def _attention(attn: torch.nn.Module, x: torch.Tensor, parts: list[VerifyPart], 
         else:
             o, _ = interface(attn, q[:, :, a:b], keys, values, mask, dropout=0.0, scaling=attn.scaling)
         out[:, a:b] = o.reshape(1, b - a, -1)
-    return attn.o_proj(out)
+    return rowwise(attn.o_proj, out, block)
 
 
 @dataclass
@@ -191,9 +208,10 @@ def _eager_missing(*args: object, **kwargs: object) -> None:
 
 
 @torch.no_grad()
-def row_invariant(model: torch.nn.Module, rows: int = 48, seed: int = 0) -> bool:
+def row_invariant(model: torch.nn.Module, rows: int = 48, seed: int = 0, block: int = 0) -> bool:
     """Whether every kind of linear layer of `model` (type and shape) gives each row the same bits alone and
-    beside up to `rows` others (batching then changes no request's output)."""
+    beside up to `rows` others (batching then changes no request's output); with `block`, called as the shared
+    passes call them then (`rowwise`: blocks of that many rows, a row anywhere in a block)."""
     g = torch.Generator().manual_seed(seed)
     dev = next(model.parameters()).device
     seen: set[tuple] = set()
@@ -204,11 +222,12 @@ def row_invariant(model: torch.nn.Module, rows: int = 48, seed: int = 0) -> bool
         if kind in seen:
             continue
         seen.add(kind)
-        x = torch.randn(rows, m.in_features, generator=g).to(dev)
-        together = m(x)
+        dtype = next((p.dtype for p in m.parameters() if p.is_floating_point()), torch.float32)
+        x = torch.randn(1, rows, m.in_features, generator=g).to(dev, dtype)
+        together = rowwise(m, x, block)[0]
         for j in (0, 1, rows // 2, rows - 1):
             for n in (1, 2, 3, 5, 9):
-                if j + n <= rows and not torch.equal(m(x[j: j + n])[0], together[j]):
+                if j + n <= rows and not torch.equal(rowwise(m, x[:, j: j + n], block)[0, 0], together[j]):
                     return False
     return True
 
@@ -246,7 +265,7 @@ class PassCost:
 
 @torch.no_grad()
 def measure_pass_cost(model: torch.nn.Module, rows: int, requests: tuple[int, ...] = (1, 8, 16, 32),
-                      context: int = 32, repeats: int = 2) -> PassCost:
+                      context: int = 32, repeats: int = 2, block: int = 0) -> PassCost:
     """Time one shared pass (verify_together) for each number of requests, every request `rows` ids after
     `context` ids of its own cache: the batch bound's cost model. The first pass warms the kernels up."""
     dev = next(model.parameters()).device
@@ -257,7 +276,9 @@ def measure_pass_cost(model: torch.nn.Module, rows: int, requests: tuple[int, ..
 
     def one_pass(n: int) -> float:
         t = time.perf_counter()
-        verify_together(model, [VerifyPart(ids, context, c) for c in caches[:n]])
+        verify_together(model, [VerifyPart(ids, context, c) for c in caches[:n]], block)
+        if dev.type == "cuda":
+            torch.cuda.synchronize(dev)  # the pass's kernels have run, not only been queued
         spent = time.perf_counter() - t
         for c in caches[:n]:
             crop_to(c, context)  # back to the context alone for the next pass
@@ -313,10 +334,13 @@ class Rounds:
 
     def __init__(self, model: torch.nn.Module, max_batch: int, threads: int | None = None, idle_s: float = 30.0,
                  share: bool | None = None, prefixes: PrefixStore | None = None, share_drafts: bool = True,
-                 crowd_threads: int | None = None):
+                 crowd_threads: int | None = None, block: int = 0):
         if max_batch < 1:
             raise ValueError("max_batch must be at least 1")
         self.model, self.max_batch, self.threads, self.idle_s = model, max_batch, threads, idle_s
+        # With `block` (a GPU: kernels chosen by the number of rows), every pass's row-wise layers run in calls of
+        # `block` rows (`rowwise`), a request alone included, so that its bits never depend on its company.
+        self.block = block
         # torch's threads while more than one request runs (None: `threads` always). With the server's own work
         # in another process, one thread kept its speed beside it where two lost a third (docs/BENCHMARKS.md).
         self.crowd_threads = crowd_threads
@@ -326,7 +350,7 @@ class Rounds:
         # request that joins others: a class running the same examples reads each prompt once.
         self.prefixes = prefixes
         # Passes are shared only where no row's result depends on its neighbours (else each request has its own).
-        self.share = row_invariant(model) if share is None else share
+        self.share = row_invariant(model, block=block) if share is None else share
         self.most = 0  # the most requests one pass has verified
         self._joining: deque[_Member] = deque()
         self._members: list[_Member] = []
@@ -439,17 +463,18 @@ class Rounds:
         its preset's drafters at start-up, so no class waits for it; any other model on its first pass)."""
         key = id(model)
         if key not in self._draft_shared:
-            self._draft_shared[key] = self.share and self.share_drafts and supports(model) and row_invariant(model)
+            self._draft_shared[key] = (self.share and self.share_drafts and supports(model)
+                                       and row_invariant(model, block=self.block))
         return self._draft_shared[key]
 
     def _draft_pass(self, parts: list[DraftPart]) -> list[torch.Tensor]:
         """One drafter model's forwards for several requests: together where the model allows it bit for bit
         (as the target's passes), else one by one; each part's share of the time goes back with it."""
         model = parts[0].model
-        if len(parts) == 1 or not self.drafts_together(model):
+        if (len(parts) == 1 and not self.block) or not self.drafts_together(model):
             return [forward_alone(d) for d in parts]
         t = time.perf_counter()
-        out = verify_together(model, [d.part for d in parts])
+        out = verify_together(model, [d.part for d in parts], self.block)
         share = (time.perf_counter() - t) / len(parts)
         for d in parts:
             d.spent_s = share
@@ -461,8 +486,8 @@ class Rounds:
         """One verification pass for every batchable request; white-box ones (hidden states) alone."""
         shared = [m for m in live if m.req.batchable]
         results: dict[int, tuple[torch.Tensor, Any]] = {}
-        if len(shared) > 1 and self.share:
-            for m, logits in zip(shared, verify_together(self.model, [m.x for m in shared]), strict=True):
+        if (len(shared) > 1 or self.block) and shared and self.share:
+            for m, logits in zip(shared, verify_together(self.model, [m.x for m in shared], self.block), strict=True):
                 results[id(m)] = (logits, None)
         for m in live:
             if id(m) not in results:

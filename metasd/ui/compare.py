@@ -34,6 +34,7 @@ from metasd.ui.bundles import MODEL, bundle_for, measure_target
 from metasd.ui.config import COMPARE_MAX_NEW_TOKENS, COMPARE_MAX_PROMPTS, EXAMPLES, HAS_CUDA, PREFILL_THREADS, TORCH_THREADS, gpu
 from metasd.ui.errors import failure, refused
 from metasd.ui.files import private_stem, prune_tmp, read_upload, safe_csv
+from metasd.ui.generate import engine_events
 from metasd.ui.session import STOPS, Cancelled, compare_key
 
 
@@ -77,10 +78,11 @@ def _method_runs(bundle: Bundle, prompt: str, methods: list[str], max_new_tokens
     for i, m in enumerate(methods, 1):
         step(i, m)
         alone = single_drafter(m)
-        # In a thread of its own with the engine worker's torch threads, as the target alone was timed.
+        # Where the server shares rounds (a class on a Space), the run joins them like a student's; else in a
+        # thread of its own with the engine worker's torch threads, as the target alone was timed.
         stop = threading.Event()
-        events = generate(bundle, prompt, drafters=None if alone is None else [alone], policy=m,
-                          max_new_tokens=max_new_tokens, stop=stop)
+        events = engine_events(bundle, prompt, None if alone is None else [alone],
+                               {"policy": m, "max_new_tokens": max_new_tokens}, stop)
         with MODEL.hold():  # the page's one stream driver, as Generate's runs (its worker: a thread of its own)
             out[m] = EngineStream(events, stop, prefill_threads=THREADS[0], torch_threads=THREADS[1]).collect()
     return out, base_tps, ids

@@ -62,21 +62,26 @@ _CORES = os.cpu_count() or 2
 TORCH_THREADS = int(os.environ.get("METASD_TORCH_THREADS", "0")) or (
     max(1, _CORES // GEN_CONCURRENCY) if HOSTED else max(1, _CORES // (GEN_CONCURRENCY + 1)))
 # Rounds of many requests in one pass (metasd.core.batch): on where the server is hosted (a class on one
-# machine), off locally (one teacher's browser) unless $METASD_BATCH says otherwise; only on a CPU, only
-# where the target's linear layers are row-invariant (checked at start-up). The batch is bounded by the
+# machine), off locally (one teacher's browser) unless $METASD_BATCH says otherwise; only where the target's
+# linear layers are row-invariant (checked at start-up). On a GPU they run in the server's process (fork and
+# CUDA do not mix), every pass's row-wise layers in calls of $METASD_PASS_BLOCK rows (batch-invariant blocking:
+# cuBLAS picks its kernel by shape, so a row alone and beside others is computed by the same kernel); not on
+# ZeroGPU, whose GPU is attached only inside a request's own call, never to a thread serving many. The batch is bounded by the
 # pass-time cost model measured at start-up (each stream keeps at least 1/BATCH_SLOWDOWN of its solo
 # speed), by $METASD_KV_BUDGET_MB of KV caches and by $METASD_MAX_BATCH. On 2 cores a pass of 32 full drafts
 # costs 5-10x a solo one (measured 2026-12-02 and 12-03; the machine's speed moves the fitted line): rounds
 # verify ~2 ids, not 5, so a class of 32 streams at about a sixth of a run alone (docs/BENCHMARKS.md). 12x
 # lets a class of 32 start together on any of those lines; 8x left 4-10 of them waiting for whole runs.
-BATCH = os.environ.get("METASD_BATCH", "1" if HOSTED else "0") == "1" and not HAS_CUDA
+ZERO_GPU = os.environ.get("SPACES_ZERO_GPU", "").lower() in ("1", "t", "true")
+BATCH = os.environ.get("METASD_BATCH", "1" if HOSTED else "0") == "1" and not ZERO_GPU
+PASS_BLOCK = int(os.environ.get("METASD_PASS_BLOCK", "256" if HAS_CUDA else "0"))
 # ... in processes of their own (metasd.core.remote), where torch's calls never wait for the server's event loop to
 # give the interpreter lock back: $METASD_ROUNDS_PROCESS of them (default one per core; 0: in the server's process),
 # each with $METASD_CROWD_THREADS torch threads while more than one run is served (TORCH_THREADS for a run alone;
 # 0: TORCH_THREADS always). A class's pass is compute-bound on one thread and a second thread in the same process
 # gained nothing, where two processes with half the class each served 1.5-1.8x the tokens on the engine alone and
 # about 1.2x through the server (docs/BENCHMARKS.md).
-ROUNDS_PROCESS = max(0, int(os.environ.get("METASD_ROUNDS_PROCESS", str(_CORES))))
+ROUNDS_PROCESS = 0 if HAS_CUDA else max(0, int(os.environ.get("METASD_ROUNDS_PROCESS", str(_CORES))))
 CROWD_THREADS = int(os.environ.get("METASD_CROWD_THREADS", "1"))
 # ... and in them, every running request's model-drafter forwards on one drafter in one pass ($METASD_BATCH_DRAFTS).
 BATCH_DRAFTS = os.environ.get("METASD_BATCH_DRAFTS", "1") == "1"

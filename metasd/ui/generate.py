@@ -47,6 +47,7 @@ from metasd.ui.config import (
     MAX_BATCH,
     MAX_NEW_TOKENS,
     PAGE_POLICY,
+    PASS_BLOCK,
     PLOT_INTERVAL_S,
     PREFILL_THREADS,
     PREFIX_MB,
@@ -166,17 +167,24 @@ def _start_engine(bundle: Bundle, prompt: Any, drafters: Any, settings: dict[str
     try:
         text = clean_prompt(prompt)
         asked = list(drafters) if isinstance(drafters, list | tuple) else drafters
-        if ROUNDS is not None and bundle.target is ROUNDS.model:  # this server shares passes (start_rounds)
-            req = prepare(bundle, text, drafters=asked, max_new_tokens_limit=MAX_NEW_TOKENS, **settings)  # checks it
-            events = (ROUNDS.submit(Job(text, asked, settings, MAX_NEW_TOKENS), stop)
-                      if isinstance(ROUNDS, RoundsPool) else _shared(req, stop))
-        else:
-            events = generate(bundle, text, drafters=asked, stop=stop, max_new_tokens_limit=MAX_NEW_TOKENS, **settings)
+        events = engine_events(bundle, text, asked, settings, stop)
     except InvalidInput as e:
         raise refused(e) from None
     except Exception as e:  # e.g. the tokenizer failing on something validation let through
         raise failure(e) from None
     return text, events
+
+
+def engine_events(bundle: Bundle, text: str, drafters: list[str] | None, settings: dict[str, Any],
+                  stop: threading.Event) -> Iterator[Any]:
+    """One run's events (validated at once, nothing run until read): in the shared rounds where this server has
+    them for this preset (start_rounds), with everyone else's runs, else from the engine alone. Generate's runs
+    and each of Compare's come this way."""
+    if ROUNDS is not None and bundle.target is ROUNDS.model:
+        req = prepare(bundle, text, drafters=drafters, max_new_tokens_limit=MAX_NEW_TOKENS, **settings)  # checks it
+        return (ROUNDS.submit(Job(text, drafters, settings, MAX_NEW_TOKENS), stop)
+                if isinstance(ROUNDS, RoundsPool) else _shared(req, stop))
+    return generate(bundle, text, drafters=drafters, stop=stop, max_new_tokens_limit=MAX_NEW_TOKENS, **settings)
 
 
 # Rounds of many requests in one pass (metasd.core.batch.Rounds), where start_rounds set them up, in this process
@@ -191,10 +199,11 @@ def start_rounds(bundle: Bundle, process: int = ROUNDS_PROCESS) -> str:
     threads), each run in one of them. Returns the line for the startup log."""
     global ROUNDS
     stop_rounds()
-    if not row_invariant(bundle.target):
+    if not row_invariant(bundle.target, block=PASS_BLOCK):
         return "shared rounds: off (this target's linear layers give a row other bits beside other rows)"
     rows = bundle.preset.gamma + 1  # a round's last id and a full draft: the most a chain round verifies
-    cost = in_fresh_thread(lambda: measure_pass_cost(bundle.target, rows), TORCH_THREADS, name="metasd-cost-model")
+    cost = in_fresh_thread(lambda: measure_pass_cost(bundle.target, rows, block=PASS_BLOCK), TORCH_THREADS,
+                           name="metasd-cost-model")
     by_time = cost.best_batch(BATCH_SLOWDOWN)
     per_request = kv_bytes_per_token(bundle.target) * min(bundle.max_context, 1024 + MAX_NEW_TOKENS)
     by_memory = max(1, KV_BUDGET_MB * 2**20 // per_request)
@@ -202,13 +211,13 @@ def start_rounds(bundle: Bundle, process: int = ROUNDS_PROCESS) -> str:
     # Every process keeps its own prompt passes: the budget is theirs together.
     rounds = Rounds(bundle.target, n, threads=TORCH_THREADS, share=True,
                     prefixes=PrefixStore(PREFIX_MB * 2**20 // max(1, process)), share_drafts=BATCH_DRAFTS,
-                    crowd_threads=CROWD_THREADS if process else None)
+                    crowd_threads=CROWD_THREADS if process else None, block=PASS_BLOCK)
     MODEL.resize(n)
     drafters = {name: m for name, m in bundle.models.items() if hasattr(m, "model")}  # LMs, not white-box heads
     together = in_fresh_thread(lambda: [d for d, m in drafters.items() if rounds.drafts_together(m)], TORCH_THREADS,
                                name="metasd-drafter-probe")  # before the fork: the child keeps the answers
     ROUNDS = RoundsPool(bundle, rounds, process) if process else rounds
-    where = "in this process"
+    where = "in this process" + (f" (row-wise layers in blocks of {PASS_BLOCK} rows)" if PASS_BLOCK else "")
     if isinstance(ROUNDS, RoundsPool):
         pids = ", ".join(str(p) for p in ROUNDS.pids)
         where = (f"in process{'es' if process > 1 else ''} {pids} (each run in the one holding the fewest; "
