@@ -654,6 +654,39 @@ def test_absent_optional_modules_are_marked_absent_once_and_present_ones_left_al
     assert searched == [name]
 
 
+def test_a_gpu_servers_rounds_in_its_own_process_in_blocks_give_page_runs_their_solo_answers(page_offline,
+                                                                                              monkeypatch):
+    """The serving path a GPU server takes (docs/DESIGN.md §7), on this CPU: shared rounds in the server's own
+    process, every pass's row-wise layers in blocks of rows; three sessions' runs at once, each its solo answer."""
+    bundle = get_bundle("offline")
+    prompts = [e["turns"][0] for e in EXAMPLES[8:11]]
+    solo = [_emitted(generate(bundle, p, max_new_tokens=10, policy=PAGE_POLICY)) for p in prompts]
+    monkeypatch.setattr(ui_generate, "PASS_BLOCK", 16)
+    slots = MODEL.slots
+    line = ui_generate.start_rounds(bundle, process=0)
+    try:
+        assert "in this process (row-wise layers in blocks of 16 rows)" in line, line
+        assert isinstance(ui_generate.ROUNDS, Rounds) and ui_generate.ROUNDS.block == 16
+        outs: dict[int, list] = {}
+
+        def run(i: int) -> None:
+            outs[i] = list(generate_view(prompts[i], "offline", max_new_tokens=10, request=req(f"gpu-{i}")))
+
+        threads = [threading.Thread(target=run, args=(i,)) for i in range(len(prompts))]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(300)
+        for i in range(len(prompts)):
+            assert [t for ev in outs[i][-1].record.rounds for t in ev.emitted] == solo[i]
+        if MODEL.slots >= len(prompts):
+            assert ui_generate.ROUNDS.most >= 2, "the runs never shared a pass"
+    finally:
+        ui_generate.stop_rounds()
+        MODEL.resize(slots)
+    assert MODEL.running == 0 and not STOPS.runs
+
+
 def test_compare_runs_join_the_shared_rounds(page_offline):
     """Compare on a server that shares rounds (a class on a Space): each method's run joins them like a student's
     run, none runs the engine in the server's own process, and every output is still the target's own."""
