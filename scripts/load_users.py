@@ -157,15 +157,25 @@ def the_bundle(preset: str, device: str | None) -> Any:
 
 
 def solo_answers(prompts: list[str], n: int, preset: str = "offline", device: str | None = None) -> dict[str, tuple[str, int]]:
-    """Each prompt's answer from the engine alone (the page's policy; greedy output is the target's)."""
-    from metasd.core.engine import run
-    from metasd.ui.config import PAGE_POLICY
+    """Each prompt's answer alone (the page's policy; greedy output is the target's): from the engine on a CPU;
+    on a GPU, from the shared rounds' blocked pass holding that request alone (the computation a GPU server's
+    page runs take, alone or in company: docs/DESIGN.md §7), so that "answers = solo" shows what company does."""
+    from metasd.core.batch import Rounds
+    from metasd.core.engine import collect, generate, prepare, steps
+    from metasd.ui.config import PAGE_POLICY, PASS_BLOCK
 
     bundle = the_bundle(preset, device)
+    blocked = next(bundle.target.parameters()).is_cuda and PASS_BLOCK > 0
+    rounds = Rounds(bundle.target, max_batch=1, idle_s=1.0, share=True, block=PASS_BLOCK) if blocked else None
     out = {}
     for p in dict.fromkeys(prompts):
-        rounds, summary = run(bundle, p, max_new_tokens=n, policy=PAGE_POLICY)
-        out[p] = ("".join("".join(ev.emitted_text) for ev in rounds), summary.new_tokens)
+        if rounds is not None:
+            req = prepare(bundle, p, max_new_tokens=n, policy=PAGE_POLICY)
+            events = rounds.submit(req, steps(req, None))
+        else:
+            events = generate(bundle, p, max_new_tokens=n, policy=PAGE_POLICY)
+        rounds_of, summary = collect(events)
+        out[p] = ("".join("".join(ev.emitted_text) for ev in rounds_of), summary.new_tokens)
     return out
 
 

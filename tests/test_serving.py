@@ -380,6 +380,17 @@ def test_a_class_on_the_same_prompts_reads_each_prompt_once_and_gets_its_solo_ou
     assert _emitted(alone.submit(req, steps(req, None))) == solo[0]
     assert not req.prefill_reused and alone.prefixes.hits == 0 and len(alone.prefixes) == 1
 
+    # A run timed against the target alone (Compare's) reads its own prompt even in company: a kept pass would
+    # leave the prefill out of its time. Beside it, an untimed run with the same prompt takes the kept one.
+    long = prepare(bundle, distinct[2], **{**kw(2), "max_new_tokens": 200})  # the company, running first
+    timed, untimed = prepare(bundle, distinct[0], **kw(0)), prepare(bundle, distinct[0], **kw(1))
+    timed.timed = True
+    first = alone.submit(long, steps(long, None))
+    both = [alone.submit(r, steps(r, None)) for r in (timed, untimed)]
+    assert [_emitted(st) for st in both] == [solo[0], _emitted(generate(bundle, distinct[0], **kw(1)))]
+    assert _emitted(first)
+    assert not timed.prefill_reused and untimed.prefill_reused
+
 
 def _trace(events) -> list[tuple]:
     """Every round as the page shows it: the arm, its draft, what passed, what was added."""
@@ -704,3 +715,4 @@ def test_compare_runs_join_the_shared_rounds(page_offline):
         ui_generate.stop_rounds()
         MODEL.resize(slots)
     assert MODEL.running == 0 and not STOPS.runs
+

@@ -16,9 +16,11 @@ Llama-family targets only (q/k/v/o projections, rotary embeddings, RMSNorm, gate
 
 from __future__ import annotations
 
+import atexit
 import queue
 import threading
 import time
+import weakref
 from collections import deque
 from collections.abc import Callable, Generator, Iterator
 from copy import deepcopy
@@ -324,6 +326,27 @@ class _Member:
         self.x: Any = None  # what it yielded last: a VerifyPart or DraftPart waiting for a pass, or None (not started)
 
 
+# The drivers' threads are daemons (a server never waits for an idle one to end), but one must not be freeing
+# tensors when the interpreter shuts down: Python then ends a daemon thread inside torch's deallocator as it asks
+# for the interpreter lock back, and the process aborts ("terminate called without an active exception", exit
+# 134), after a run that had succeeded (a driver that ends frees its Rounds, kept prompt passes and all). At exit
+# every idle driver ends at once, a busy one after its round, and the interpreter waits for them to be gone.
+_DRIVERS: weakref.WeakSet[Rounds] = weakref.WeakSet()
+_DRIVER_THREADS: weakref.WeakSet[threading.Thread] = weakref.WeakSet()
+_EXITING = threading.Event()
+
+
+@atexit.register
+def _end_drivers(timeout: float = 10.0) -> None:
+    _EXITING.set()
+    for rounds in list(_DRIVERS):
+        with rounds._cv:
+            rounds._cv.notify_all()
+    for thread in list(_DRIVER_THREADS):
+        if thread is not threading.current_thread():
+            thread.join(timeout)
+
+
 class Rounds:
     """The lockstep driver: one thread advances every joined request round by round. Each request drafts on
     its own, except that its model drafter's forwards join those of every request on the same drafter model
@@ -378,6 +401,8 @@ class Rounds:
             self._publish()  # at once: a neighbour choosing its threads now counts this one
             if self._thread is None:
                 self._thread = threading.Thread(target=self._loop, name="metasd-rounds", daemon=True)
+                _DRIVERS.add(self)
+                _DRIVER_THREADS.add(self._thread)
                 self._thread.start()
             self._cv.notify_all()
 
@@ -388,16 +413,19 @@ class Rounds:
 
     def _loop(self) -> None:
         self._threads_now = 0
-        while self._admit():
-            for m in list(self._members):
-                if m.x is None:  # a newcomer: its prompt's pass, one large batch, where every thread pays
-                    self._set_threads(self.threads if not self._elsewhere() else None)
-                self._advance(m, None)
-            self._set_threads()
-            self._drafts()
-            live = [m for m in self._members if isinstance(m.x, VerifyPart)]
-            if live:
-                self._answer(live, self._pass)
+        while not _EXITING.is_set() and self._admit():
+            self._round()  # in a call of its own: its locals (a finished request's tensors) are freed as it returns
+
+    def _round(self) -> None:
+        for m in list(self._members):
+            if m.x is None:  # a newcomer: its prompt's pass, one large batch, where every thread pays
+                self._set_threads(self.threads if not self._elsewhere() else None)
+            self._advance(m, None)
+        self._set_threads()
+        self._drafts()
+        live = [m for m in self._members if isinstance(m.x, VerifyPart)]
+        if live:
+            self._answer(live, self._pass)
 
     def _elsewhere(self) -> int:
         """Requests the neighbouring rounds hold now (0 without neighbours)."""
@@ -429,7 +457,7 @@ class Rounds:
         with self._cv:
             while not self._members and not self._joining:
                 self._publish()
-                if not self._cv.wait(self.idle_s) and not self._joining:
+                if _EXITING.is_set() or (not self._cv.wait(self.idle_s) and not self._joining):
                     self._thread = None
                     return False
             while self._joining and len(self._members) < self.max_batch:
@@ -437,7 +465,8 @@ class Rounds:
                 self._members.append(m)
                 if self.prefixes is not None:
                     m.req.prefixes = self.prefixes
-                    m.req.prefix_reuse = len(self._members) + len(self._joining) + self._elsewhere() > 1
+                    m.req.prefix_reuse = not getattr(m.req, "timed", False) and (
+                        len(self._members) + len(self._joining) + self._elsewhere() > 1)
             self._publish()
             return True
 

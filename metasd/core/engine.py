@@ -138,6 +138,7 @@ class Request:
         # kept one only with `prefix_reuse` (in company: a run alone is timed as it runs, for a fair speed-up).
         self.prefixes: PrefixStore | None = None
         self.prefix_reuse = False
+        self.timed = False  # a run timed against the target alone (Compare): it always reads its own prompt
         self.prefill_reused = False  # whether the prompt's pass was a kept one
         # Per-arm draft length: one more after a fully accepted draft, accepted + 1 after a rejection
         # (every extra verified id costs something: ~4% of a step on this CPU, ~15% unpacked).

@@ -54,6 +54,7 @@ class Job:
     drafters: list[str] | None
     settings: dict[str, Any] = field(default_factory=dict)
     max_new_tokens_limit: int | None = None
+    timed: bool = False  # timed against the target alone (Compare): reads its own prompt, never a kept pass
 
 
 class EngineGone(RuntimeError):
@@ -294,6 +295,7 @@ def _serve(bundle: Any, rounds: Rounds, cmds: Any, events: Any, servers_ends: li
             send(rid, e)
             send(rid, END)
             continue
+        req.timed = job.timed
         rounds.join(req, steps(req, stop), _Outbox(rid, send))
     for stop in list(stops.values()):  # running requests end at their next round
         stop.set()

@@ -21,7 +21,7 @@ from metasd.core.streaming import FairSlots, ThreadPlan, in_fresh_thread
 from metasd.core.validation import InvalidInput
 from metasd.models.loading import Bundle, default_drafters, drafter_names, load_bundle, present_specs, to_stderr
 from metasd.models.presets import DEFAULT_PRESET, PRESETS, get_preset
-from metasd.ui.config import GEN_CONCURRENCY, HAS_CUDA, MAX_WAITING, PREFILL_THREADS, TORCH_THREADS
+from metasd.ui.config import BATCH, GEN_CONCURRENCY, HAS_CUDA, MAX_WAITING, PREFILL_THREADS, TORCH_THREADS
 from metasd.ui.errors import free_memory, refused
 
 # The model, shared by every request: Generate holds it for a whole answer, Compare one run at a time,
@@ -84,8 +84,14 @@ _load_errors: dict[str, str] = {}  # a failed load's reason, told to the next on
 
 
 def available_presets() -> list[str]:
-    """Hub presets need a CUDA GPU; on a CPU only the offline preset is offered."""
-    return [n for n, p in PRESETS.items() if HAS_CUDA or "gpu" not in p.tags]
+    """Hub presets need a CUDA GPU; on a CPU only the offline preset is offered. A GPU server sharing its passes
+    between runs (BATCH) offers its one preset: the shared rounds hold that preset's target, and its admission
+    slots count runs that share passes (another preset's runs would each take a pass, and memory, of their own)."""
+    offered = [n for n, p in PRESETS.items() if HAS_CUDA or "gpu" not in p.tags]
+    if HAS_CUDA and BATCH:
+        want = os.environ.get("METASD_PRESET") or DEFAULT_PRESET
+        return [want if want in offered else DEFAULT_PRESET]
+    return offered
 
 
 def default_preset() -> str:

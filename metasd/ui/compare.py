@@ -82,7 +82,7 @@ def _method_runs(bundle: Bundle, prompt: str, methods: list[str], max_new_tokens
         # thread of its own with the engine worker's torch threads, as the target alone was timed.
         stop = threading.Event()
         events = engine_events(bundle, prompt, None if alone is None else [alone],
-                               {"policy": m, "max_new_tokens": max_new_tokens}, stop)
+                               {"policy": m, "max_new_tokens": max_new_tokens}, stop, timed=True)
         with MODEL.hold():  # the page's one stream driver, as Generate's runs (its worker: a thread of its own)
             out[m] = EngineStream(events, stop, prefill_threads=THREADS[0], torch_threads=THREADS[1]).collect()
     return out, base_tps, ids
@@ -171,8 +171,8 @@ def compare_set(source: str, upload: Any, per_category: int, preset: str, policy
     """A prompt set: each drafter alone and the bandit on every prompt; acceptance heatmap and speed-up bars,
     updated after every prompt. Cancel ends it before its next run and keeps what it measured."""
     bundle, cancel, key = _bundle_and_cancel(preset, progress, request)
-    colors = viz.drafter_colors(bundle.drafter_names)
     try:
+        colors = viz.drafter_colors(bundle.drafter_names)
         items, max_new_tokens = _prompt_set(bundle, source, upload, per_category, policy, max_new_tokens)
         rows, cancelled_at, grid = yield from _run_set(bundle, items, _methods(bundle, policy), max_new_tokens,
                                                        progress, cancel, colors)

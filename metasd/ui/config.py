@@ -61,11 +61,12 @@ HOSTED = bool(os.environ.get("SPACE_ID") or os.environ.get("PORT"))
 _CORES = os.cpu_count() or 2
 TORCH_THREADS = int(os.environ.get("METASD_TORCH_THREADS", "0")) or (
     max(1, _CORES // GEN_CONCURRENCY) if HOSTED else max(1, _CORES // (GEN_CONCURRENCY + 1)))
-# Rounds of many requests in one pass (metasd.core.batch): on where the server is hosted (a class on one
-# machine), off locally (one teacher's browser) unless $METASD_BATCH says otherwise; only where the target's
-# linear layers are row-invariant (checked at start-up). On a GPU they run in the server's process (fork and
-# CUDA do not mix), every pass's row-wise layers in calls of $METASD_PASS_BLOCK rows (batch-invariant blocking:
-# cuBLAS picks its kernel by shape, so a row alone and beside others is computed by the same kernel); not on
+# Rounds of many requests in one pass (metasd.core.batch): on a CPU, on where the server is hosted (a class on
+# one machine), off locally (one teacher's browser) unless $METASD_BATCH says otherwise; only where the target's
+# linear layers are row-invariant (checked at start-up). On a GPU only with $METASD_BATCH=1 (no GPU has run them
+# yet): in a thread of the server's process (fork and CUDA do not mix), every pass's row-wise layers in calls of
+# $METASD_PASS_BLOCK rows (batch-invariant blocking: cuBLAS picks its kernel by shape, so a row alone and beside
+# others is computed by the same kernel), and the server then offers its one preset ($METASD_PRESET); never on
 # ZeroGPU, whose GPU is attached only inside a request's own call, never to a thread serving many. The batch is bounded by the
 # pass-time cost model measured at start-up (each stream keeps at least 1/BATCH_SLOWDOWN of its solo
 # speed), by $METASD_KV_BUDGET_MB of KV caches and by $METASD_MAX_BATCH. On 2 cores a pass of 32 full drafts
@@ -73,7 +74,7 @@ TORCH_THREADS = int(os.environ.get("METASD_TORCH_THREADS", "0")) or (
 # verify ~2 ids, not 5, so a class of 32 streams at about a sixth of a run alone (docs/BENCHMARKS.md). 12x
 # lets a class of 32 start together on any of those lines; 8x left 4-10 of them waiting for whole runs.
 ZERO_GPU = os.environ.get("SPACES_ZERO_GPU", "").lower() in ("1", "t", "true")
-BATCH = os.environ.get("METASD_BATCH", "1" if HOSTED else "0") == "1" and not ZERO_GPU
+BATCH = os.environ.get("METASD_BATCH", "1" if HOSTED and not HAS_CUDA else "0") == "1" and not ZERO_GPU
 PASS_BLOCK = int(os.environ.get("METASD_PASS_BLOCK", "256" if HAS_CUDA else "0"))
 # ... in processes of their own (metasd.core.remote), where torch's calls never wait for the server's event loop to
 # give the interpreter lock back: $METASD_ROUNDS_PROCESS of them (default one per core; 0: in the server's process),

@@ -14,7 +14,7 @@ import gradio as gr
 
 from metasd.bandits.policies import POLICIES, single_method
 from metasd.core import defaults
-from metasd.core.batch import Rounds, kv_bytes_per_token, measure_pass_cost, row_invariant
+from metasd.core.batch import Rounds, kv_bytes_per_token, measure_pass_cost, row_invariant, supports
 from metasd.core.engine import encode_prompt, generate, prepare, steps
 from metasd.core.lanes import lanes_for
 from metasd.core.numerics import first_divergence
@@ -176,13 +176,16 @@ def _start_engine(bundle: Bundle, prompt: Any, drafters: Any, settings: dict[str
 
 
 def engine_events(bundle: Bundle, text: str, drafters: list[str] | None, settings: dict[str, Any],
-                  stop: threading.Event) -> Iterator[Any]:
+                  stop: threading.Event, timed: bool = False) -> Iterator[Any]:
     """One run's events (validated at once, nothing run until read): in the shared rounds where this server has
     them for this preset (start_rounds), with everyone else's runs, else from the engine alone. Generate's runs
-    and each of Compare's come this way."""
-    if ROUNDS is not None and bundle.target is ROUNDS.model:
+    and each of Compare's come this way. A `timed` run (Compare's, set against the target alone timed in this
+    process) reads its own prompt in the rounds, and skips them where their passes are padded into blocks
+    (a GPU's): there it would be timed on another computation than the target alone."""
+    if ROUNDS is not None and bundle.target is ROUNDS.model and not (timed and PASS_BLOCK):
         req = prepare(bundle, text, drafters=drafters, max_new_tokens_limit=MAX_NEW_TOKENS, **settings)  # checks it
-        return (ROUNDS.submit(Job(text, drafters, settings, MAX_NEW_TOKENS), stop)
+        req.timed = timed
+        return (ROUNDS.submit(Job(text, drafters, settings, MAX_NEW_TOKENS, timed), stop)
                 if isinstance(ROUNDS, RoundsPool) else _shared(req, stop))
     return generate(bundle, text, drafters=drafters, stop=stop, max_new_tokens_limit=MAX_NEW_TOKENS, **settings)
 
@@ -199,6 +202,8 @@ def start_rounds(bundle: Bundle, process: int = ROUNDS_PROCESS) -> str:
     threads), each run in one of them. Returns the line for the startup log."""
     global ROUNDS
     stop_rounds()
+    if not supports(bundle.target):
+        return "shared rounds: off (the shared pass does not compute this target's layout)"
     if not row_invariant(bundle.target, block=PASS_BLOCK):
         return "shared rounds: off (this target's linear layers give a row other bits beside other rows)"
     rows = bundle.preset.gamma + 1  # a round's last id and a full draft: the most a chain round verifies
