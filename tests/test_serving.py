@@ -608,6 +608,21 @@ def test_while_others_share_the_model_a_run_skips_its_extras(page_offline):
     assert MODEL.running == 0 and not STOPS.runs
 
 
+def _page_runs_at_once(prompts: list[str], n: int, who: str) -> list[list[int]]:
+    """Each prompt run through the page's handler in a session of its own, all at once: each run's emitted ids."""
+    outs: dict[int, list] = {}
+
+    def run(i: int) -> None:
+        outs[i] = list(generate_view(prompts[i], "offline", max_new_tokens=n, request=req(f"{who}-{i}")))
+
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(len(prompts))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(300)
+    return [[t for ev in outs[i][-1].record.rounds for t in ev.emitted] for i in range(len(prompts))]
+
+
 def test_page_runs_share_rounds_and_get_their_solo_answers(page_offline):
     """The serving path with shared rounds on (one process per core): four sessions' runs at once, each its solo
     answer, and runs sharing passes in a process."""
@@ -620,20 +635,8 @@ def test_page_runs_share_rounds_and_get_their_solo_answers(page_offline):
         assert "shared rounds in process" in line and "up to" in line and ui_generate.ROUNDS is not None
         # The preset's drafter models were probed at start-up, so the class's first rounds never wait for it.
         assert "drafting together: layer-skip, code-drafter, math-drafter, chat-drafter" in line, line
-        outs: dict[int, list] = {}
-
-        def run(i: int) -> None:
-            outs[i] = list(generate_view(prompts[i], "offline", max_new_tokens=12, request=req(f"class-{i}")))
-
         with mock.patch("metasd.core.batch.row_invariant", side_effect=AssertionError("probed on a class's path")):
-            threads = [threading.Thread(target=run, args=(i,)) for i in range(len(prompts))]
-            for t in threads:
-                t.start()
-            for t in threads:
-                t.join(300)
-        for i in range(len(prompts)):
-            record = outs[i][-1].record
-            assert [t for ev in record.rounds for t in ev.emitted] == solo[i]
+            assert _page_runs_at_once(prompts, 12, "class") == solo
         if MODEL.slots >= len(prompts):
             assert ui_generate.ROUNDS.most >= 2, "the runs never shared a pass"
     finally:
@@ -678,18 +681,7 @@ def test_a_gpu_servers_rounds_in_its_own_process_in_blocks_give_page_runs_their_
     try:
         assert "in this process (row-wise layers in blocks of 16 rows)" in line, line
         assert isinstance(ui_generate.ROUNDS, Rounds) and ui_generate.ROUNDS.block == 16
-        outs: dict[int, list] = {}
-
-        def run(i: int) -> None:
-            outs[i] = list(generate_view(prompts[i], "offline", max_new_tokens=10, request=req(f"gpu-{i}")))
-
-        threads = [threading.Thread(target=run, args=(i,)) for i in range(len(prompts))]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join(300)
-        for i in range(len(prompts)):
-            assert [t for ev in outs[i][-1].record.rounds for t in ev.emitted] == solo[i]
+        assert _page_runs_at_once(prompts, 10, "gpu") == solo
         if MODEL.slots >= len(prompts):
             assert ui_generate.ROUNDS.most >= 2, "the runs never shared a pass"
     finally:

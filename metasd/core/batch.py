@@ -465,7 +465,7 @@ class Rounds:
                 self._members.append(m)
                 if self.prefixes is not None:
                     m.req.prefixes = self.prefixes
-                    m.req.prefix_reuse = not getattr(m.req, "timed", False) and (
+                    m.req.prefix_reuse = not m.req.timed and (
                         len(self._members) + len(self._joining) + self._elsewhere() > 1)
             self._publish()
             return True

@@ -88,15 +88,17 @@ def available_presets() -> list[str]:
     between runs (BATCH) offers its one preset: the shared rounds hold that preset's target, and its admission
     slots count runs that share passes (another preset's runs would each take a pass, and memory, of their own)."""
     offered = [n for n, p in PRESETS.items() if HAS_CUDA or "gpu" not in p.tags]
-    if HAS_CUDA and BATCH:
-        want = os.environ.get("METASD_PRESET") or DEFAULT_PRESET
-        return [want if want in offered else DEFAULT_PRESET]
-    return offered
+    return [_preferred(offered)] if HAS_CUDA and BATCH else offered
 
 
 def default_preset() -> str:
+    return _preferred(available_presets())
+
+
+def _preferred(offered: list[str]) -> str:
+    """$METASD_PRESET where it is among `offered`, else the default preset."""
     want = os.environ.get("METASD_PRESET") or DEFAULT_PRESET
-    return want if want in available_presets() else DEFAULT_PRESET
+    return want if want in offered else DEFAULT_PRESET
 
 
 def _load(name: str, done: PresetLoad) -> None:
