@@ -137,7 +137,8 @@ def one_user(url: str, prompt: str, n: int, go: threading.Event, timeout: float,
             run.text = "".join(parse(str(last[0])).out)
             run.tokens = int(done.group(1))
         elif not run.error and run.told_full is None:
-            run.error = "ended without an answer"
+            said = re.sub(r"\s+", " ", re.sub(r"<[^>]+>", " ", str(last[3]) if last is not None else "")).strip()
+            run.error = f"ended without an answer (last frame: {said[:160] or 'none'})"
     except Exception as e:  # noqa: BLE001  (a user's failure is a result, reported)
         run.error = f"{type(e).__name__}: {e}"[:200]
     return run
@@ -222,6 +223,8 @@ def drive(url: str, pid: int, users: int, prompts: list[str], solo: dict, a: arg
     place = [r.told_place for r in done if r.told_place is not None]
     full = [r.told_full for r in done if r.told_full is not None]
     errors = [r.error for r in done if r.error] + ["never returned"] * (users - len(done))
+    for e in sorted(set(errors)):
+        print(f"# {users} users, error x{errors.count(e)}: {e}", file=sys.stderr, flush=True)
     said = [min(x for x in (r.told_place, r.told_full, r.first_token) if x is not None) for r in done
             if any(x is not None for x in (r.told_place, r.told_full, r.first_token))]
     return (f"| {users} | {a.batching} | {tokens / wall:.1f} | {statistics.median(per_user) if per_user else float('nan'):.1f} "

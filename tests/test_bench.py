@@ -21,7 +21,7 @@ from metasd.benchmark.bench import (
     run_bench,
     write_outputs,
 )
-from metasd.benchmark.tables import speedup_table, summarize, summary_markdown
+from metasd.benchmark.tables import over_default_kernels, speedup_table, summarize, summary_markdown
 from metasd.core.validation import InvalidInput
 from tests.tiny import tiny_bundle
 
@@ -67,7 +67,8 @@ def questions_file(tmp_path):
 def test_default_methods_and_syntax():
     ms = parse_methods(None, TINY_DRAFTERS, ["layer-skip", "tiny-lm"])
     singles = [f"single:{d}" for d in TINY_DRAFTERS]
-    assert [m.name for m in ms] == ["baseline", "hf-pld", *singles, "metasd-ucb", "metasd-ucb-cost", "metasd-tree", "oracle"]
+    assert [m.name for m in ms] == ["baseline", "baseline:default-kernels", "hf-pld", *singles, "metasd-ucb",
+                                    "metasd-ucb-cost", "metasd-tree", "oracle"]
     ms = parse_methods("hf-pld:3,hf-assisted:tiny-lm,metasd-ucb/throughput,hedge,single:layer-skip", TINY_DRAFTERS,
                        ["layer-skip", "tiny-lm"], reward="be")
     by = {m.name: m for m in ms}
@@ -107,8 +108,8 @@ def test_load_prompts_filters_and_keeps_order(questions_file):
 # --------------------------------------------------------------------------------------------
 # Running on a tiny model
 
-TINY_METHODS = ("baseline,hf-pld,hf-pld:3,hf-assisted:tiny-lm,hf-assisted:layer-skip,single:prompt-lookup,"
-                "single:token-recycling,single:tiny-lm,metasd-ucb,metasd-ucb/throughput,hedge,exp3,oracle")
+TINY_METHODS = ("baseline,baseline:default-kernels,hf-pld,hf-pld:3,hf-assisted:tiny-lm,hf-assisted:layer-skip,"
+                "single:prompt-lookup,single:token-recycling,single:tiny-lm,metasd-ucb,metasd-ucb/throughput,hedge,exp3,oracle")
 
 
 @pytest.fixture(scope="module")
@@ -204,13 +205,24 @@ def test_a_slower_method_shows_a_lower_speedup():
     assert s.loc[("slow", "overall"), "identical"] == pytest.approx(2 / 3)
     t = speedup_table(summarize(df))
     assert list(t.index) == ["baseline", "fast", "slow"] and list(t.columns) == ["writing", "rag", "overall"]
+    assert over_default_kernels(summarize(df)) is None
+
+
+def test_speedups_over_the_target_alone_with_default_kernels():
+    """The stricter yardstick: each method's time against the default-kernel target's on the same prompts."""
+    df = _table({"baseline": [2.0, 2.0, 3.0], "baseline:default-kernels": [1.5, 1.5, 3.0], "fast": [1.0, 1.0, 1.0]})
+    t = over_default_kernels(summarize(df))
+    assert t.loc["baseline:default-kernels"].tolist() == pytest.approx([1.0, 1.0, 1.0])
+    assert t.loc["fast", "writing"] == pytest.approx(3.0 / 2.0)
+    assert t.loc["fast", "overall"] == pytest.approx(6.0 / 3.0)
+    assert t.loc["baseline", "overall"] == pytest.approx(6.0 / 7.0)  # slower than the default kernels here
 
 
 def test_summary_markdown_and_files(tiny_result, tmp_path):
     md = summary_markdown(tiny_result)
     for needle in ("## Speed-up over the baseline", "## Per method and category", "overall", "speed-up",
                    "accepted/call", "calls/token", "identical", "hf-assisted:tiny-lm", "Where our engine's time goes",
-                   "Every output is identical"):
+                   "Every output is identical", "## Speed-up over the target alone with torch's default kernels"):
         assert needle in md
     paths = write_outputs(tiny_result, tmp_path / "out")
     res = pd.read_csv(paths["results.csv"])

@@ -36,6 +36,33 @@ def test_packing_replaces_every_linear_and_keeps_the_products():
     assert sum(p.numel() for p in packed.parameters()) == sum(p.numel() for p in plain.parameters())
 
 
+def test_default_kernels_compute_as_the_unpacked_layers_and_only_within():
+    """The benchmark's second yardstick: within `default_kernels` the packed op is not called and the logits
+    are bitwise those of the unpacked model; after it (an error inside included) the packed op is back."""
+    plain = tiny_llama(vocab=64, layers=2, hidden=64, seed=5)
+    packed = copy.deepcopy(plain)
+    n = pack_linears(packed)
+    calls = []
+    for m in packed.modules():
+        if isinstance(m, PackedLinear):
+            op = m._op
+            m._op = lambda *a, _op=op: calls.append(1) or _op(*a)
+    ids = torch.randint(0, 64, (1, 9), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        with cpu_linear.default_kernels(packed) as switched:
+            inside = packed(ids).logits
+        assert switched == n and not calls
+        assert torch.equal(inside, plain(ids).logits)
+        packed(ids)
+        assert len(calls) == n
+        with pytest.raises(RuntimeError), cpu_linear.default_kernels(packed):
+            raise RuntimeError("a run that fails inside")
+        packed(ids)
+        assert len(calls) == 2 * n
+    with cpu_linear.default_kernels(plain) as switched:
+        assert switched == 0  # nothing packed: nothing to switch
+
+
 def test_two_rows_are_padded_to_three_and_come_back_as_two(monkeypatch):
     """A verification of one drafted token feeds two ids: computed as three rows (the third zeros, dropped),
     each real row exactly what the unpadded op gives, for any leading shape."""
@@ -79,6 +106,28 @@ def test_greedy_identical_after_packing_under_every_kind_of_drafter():
         for policy in ("metasd-ucb", "metasd-ucb-cost", "single:layer-skip", "single:tiny-eagle", "single:tiny-distilled"):
             _, s = run(bundle, prompt, policy=policy, max_new_tokens=30, chat_template=False)
             assert list(s.token_ids) == before, (seed, policy)
+
+
+def test_the_benchmarks_default_kernel_yardstick_runs_the_target_unpacked():
+    """`baseline:default-kernels` times the packed target with its default kernels (no packed op called
+    in its run) and gives the baseline's tokens."""
+    from metasd.benchmark.bench import parse_methods, run_method
+
+    bundle = tiny_bundle(vocab=48, seed=1, layers=2, hidden=32)
+    n = pack_linears(bundle.target)
+    calls = []
+    for m in bundle.target.modules():
+        if isinstance(m, PackedLinear):
+            op = m._op
+            m._op = lambda *a, _op=op: calls.append(1) or _op(*a)
+    base, default = parse_methods("baseline,baseline:default-kernels", bundle.drafter_names, list(bundle.models))
+    prompt = list(range(3, 12))
+    want = run_method(bundle, base, prompt, 10)
+    assert len(calls) >= n * 10
+    del calls[:]
+    got = run_method(bundle, default, prompt, 10)
+    assert not calls and got.token_ids == want.token_ids and got.target_calls == 0  # no counter given
+    assert default.kind == "default-kernels" and not default.ours
 
 
 def test_fallbacks_leave_the_model_unchanged(monkeypatch):

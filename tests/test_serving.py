@@ -525,6 +525,12 @@ def test_the_batch_bound_reads_the_measured_pass_costs():
     assert abs(fixed - 85.0) < 1e-6 and abs(per - 15.0) < 1e-6  # the points lie on 85 + 15 n
     assert [cost.best_batch(s) for s in (0.5, 1.0, 2.0, 3.0, 6.0)] == [1, 1, 7, 14, 34]
     assert "fitted 85 ms + 15.0 ms per request" in cost.describe()
+    # A start-up on a busy spell (2026-12-04): the largest pass slow, the line's value at one request 20 ms
+    # against the 61 ms measured. The bound reads the measured solo pass: 12 x 61 ms on the line, not 12 x 20.
+    tilted = PassCost(requests=(1, 8, 16, 32), ms=(61.0, 169.0, 306.0, 661.0), rows=5)
+    fixed, per = tilted.fit()
+    assert fixed + per < 45 and tilted.best_batch(12) == int((12 * 61.0 - fixed) // per) == 36
+    assert PassCost(requests=(2, 8), ms=(120.0, 300.0), rows=5).best_batch(3) == 7  # no solo pass measured: the line
     bundle = tiny_bundle(vocab=64)
     pack_linears(bundle.target)
     measured = measure_pass_cost(bundle.target, 3, requests=(1, 2, 6), context=8, repeats=1)

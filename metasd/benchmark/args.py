@@ -14,14 +14,16 @@ from metasd.bandits.priors import DEFAULT_WEIGHT
 from metasd.core.validation import REWARDS
 from metasd.models.presets import DEFAULT_PRESET, PRESETS
 
+DEFAULT_KERNELS = "baseline:default-kernels"  # the target alone with torch's default kernels (bench.py)
+
 
 def default_methods(drafter_names: Sequence[str]) -> list[str]:
-    return ["baseline", "hf-pld", *map(single_method, drafter_names), "metasd-ucb", "metasd-ucb-cost", "metasd-tree",
-            "oracle"]
+    return ["baseline", DEFAULT_KERNELS, "hf-pld", *map(single_method, drafter_names), "metasd-ucb", "metasd-ucb-cost",
+            "metasd-tree", "oracle"]
 
 
 def method_help() -> str:
-    return (f"comma-separated, from: baseline, hf-pld[:N], hf-assisted:<model drafter>, single:<drafter>, "
+    return (f"comma-separated, from: baseline, {DEFAULT_KERNELS}, hf-pld[:N], hf-assisted:<model drafter>, single:<drafter>, "
             f"<policy>[/<reward>][+<drafter>...][@cold] with policy in {', '.join(POLICIES)} and reward in "
             f"{', '.join(REWARDS)} (+<drafter>: an arm besides the preset's default ones; @cold: without the preset's "
             "informed priors), oracle")

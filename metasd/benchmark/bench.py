@@ -3,6 +3,9 @@
 Methods (the names of `--methods`):
 
 - `baseline`: the target alone through transformers `generate`, greedy: the yardstick;
+- `baseline:default-kernels`: the same with torch's default linear kernels where the CPU target's layers are
+  packed (metasd/models/cpu_linear.py): packing makes several ids cost about one step but can make one id
+  dearer, so this is the target alone at its fastest, the fair second yardstick (same model, same tokens);
 - `hf-pld` / `hf-pld:N`: transformers' prompt lookup (`prompt_lookup_num_tokens`, 10 by default);
 - `hf-assisted:<drafter>`: transformers' assisted generation with one of the preset's model drafters;
 - `single:<drafter>`: our engine with that drafter alone;
@@ -26,6 +29,7 @@ import sys
 import time
 from collections import Counter
 from collections.abc import Callable, Sequence
+from contextlib import nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -38,11 +42,12 @@ from tqdm.auto import tqdm
 from metasd import paths
 from metasd.bandits.policies import POLICIES, single_drafter
 from metasd.bandits.priors import DEFAULT_WEIGHT, PRIOR_REWARDS, PRIORS_DIR, PRIORS_FORMAT
-from metasd.benchmark.args import default_methods, method_help
+from metasd.benchmark.args import DEFAULT_KERNELS, default_methods, method_help
 from metasd.benchmark.tables import BenchResult, summarize, summary_markdown
 from metasd.core.engine import encode_prompt, run, target_greedy
 from metasd.core.events import RoundEvent
 from metasd.core.validation import REWARDS, InvalidInput, clean_prompt, first_per_category, parse_prompt_set
+from metasd.models.cpu_linear import default_kernels
 from metasd.models.loading import Bundle, load_bundle
 from metasd.models.presets import get_preset
 
@@ -67,7 +72,7 @@ class Method:
     """One way of generating, named as on the command line."""
 
     name: str
-    kind: str  # "baseline" | "hf-pld" | "hf-assisted" | "engine" | "oracle"
+    kind: str  # "baseline" | "default-kernels" | "hf-pld" | "hf-assisted" | "engine" | "oracle"
     policy: str = ""  # engine: a policy name or single:<drafter>
     reward: str = ""  # engine: bd, be or throughput
     drafter: str = ""  # hf-assisted and single: the drafter
@@ -109,6 +114,8 @@ def parse_methods(spec: str | Sequence[str] | None, drafter_names: Sequence[str]
 def _parse_method(name: str, drafters: list[str], models: list[str], default_reward: str) -> Method:
     if name in ("baseline", "oracle"):
         return Method(name, name)
+    if name == DEFAULT_KERNELS:
+        return Method(name, "default-kernels")
     if name == "hf-pld" or name.startswith("hf-pld:"):
         n = name.split(":", 1)[1] if ":" in name else str(DEFAULT_PLD_TOKENS)
         if not n.isdigit() or not 1 <= int(n) <= 64:
@@ -287,11 +294,12 @@ def run_method(bundle: Bundle, method: Method, ids: list[int], max_new_tokens: i
                                f"size in both models ({sizes[0]} vs {sizes[1]}); our engine handles it (fit_vocab)")
         extra["assistant_model"] = helper
     before = counter.calls if counter else 0
-    _sync(dev)
-    t0, c0 = time.perf_counter(), time.process_time()
-    out = target_greedy(bundle, ids, max_new_tokens, **extra)
-    _sync(dev)
-    wall, cpu = time.perf_counter() - t0, time.process_time() - c0
+    with default_kernels(bundle.target) if method.kind == "default-kernels" else nullcontext():
+        _sync(dev)
+        t0, c0 = time.perf_counter(), time.process_time()
+        out = target_greedy(bundle, ids, max_new_tokens, **extra)
+        _sync(dev)
+        wall, cpu = time.perf_counter() - t0, time.process_time() - c0
     # Every forward call of `generate` emits at least one token (its first one also prefills).
     calls = counter.calls - before if counter else 0
     mean_acc = max(0.0, len(out) / calls - 1) if calls else math.nan

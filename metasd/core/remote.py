@@ -33,7 +33,7 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from metasd.core.batch import END, Rounds, _End
+from metasd.core.batch import END, Rounds, _End, drain
 from metasd.core.engine import prepare, steps
 
 log = logging.getLogger(__name__)
@@ -109,25 +109,20 @@ class RoundsProcess:
         box: queue.SimpleQueue = queue.SimpleQueue()
         self._queues[rid] = box
         ended = told = False
+
+        def tell() -> None:
+            nonlocal told
+            if stop.is_set() and not told:
+                self._send(("stop", rid, None))
+                told = True
+
         try:
             self._send(("join", rid, job))
-            while True:
-                try:
-                    item = box.get(timeout=STOP_POLL_S)
-                except queue.Empty:
-                    item = None
-                if stop.is_set() and not told:
-                    self._send(("stop", rid, None))
-                    told = True
-                if item is None:
-                    continue
-                if isinstance(item, _End):
-                    ended = True
-                    return
-                if isinstance(item, BaseException):
-                    ended = True
-                    raise item
-                yield item
+            yield from drain(box, STOP_POLL_S, tell)
+            ended = True
+        except Exception:  # the run's own error (or the process gone): it has ended there
+            ended = True
+            raise
         finally:
             self._queues.pop(rid, None)
             if not ended and not told and not self.gone:  # closed early (a cancelled stream): free its caches there
