@@ -21,7 +21,7 @@ from metasd.benchmark.bench import (
     run_bench,
     write_outputs,
 )
-from metasd.benchmark.tables import over_default_kernels, speedup_table, summarize, summary_markdown
+from metasd.benchmark.tables import BenchResult, over_default_kernels, speedup_table, summarize, summary_markdown
 from metasd.core.validation import InvalidInput
 from tests.tiny import tiny_bundle
 
@@ -224,6 +224,8 @@ def test_summary_markdown_and_files(tiny_result, tmp_path):
                    "accepted/call", "calls/token", "identical", "hf-assisted:tiny-lm", "Where our engine's time goes",
                    "Every output is identical", "## Speed-up over the target alone with torch's default kernels"):
         assert needle in md
+    on_gpu = BenchResult(tiny_result.results, tiny_result.rounds, {**tiny_result.meta, "device": "cuda:0"})
+    assert "torch's default kernels" not in summary_markdown(on_gpu)  # nothing is packed there
     paths = write_outputs(tiny_result, tmp_path / "out")
     res = pd.read_csv(paths["results.csv"])
     assert list(res.columns) == RESULT_COLUMNS
