@@ -376,6 +376,9 @@ def main() -> None:
                 print("#", line.split(":", 2)[-1].strip() if line.startswith("INFO:") else line)
         for n in a.users:
             print(drive(served.url, served.proc.pid, n, prompts, solo, a), flush=True)
+        for line in served.output().splitlines():  # runs the server gave up on (their clients read too slowly)
+            if "stream was not read" in line:
+                print("# server:", line.strip(), file=sys.stderr)
 
 
 if __name__ == "__main__":

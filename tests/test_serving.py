@@ -5,6 +5,7 @@ queue no model work. Drives the app's handlers in-process on the offline model; 
 from __future__ import annotations
 
 import copy
+import logging
 import threading
 import time
 from types import SimpleNamespace
@@ -189,13 +190,26 @@ def test_a_new_run_replaces_the_sessions_previous_one(page_offline, model_busy):
     assert model_busy.waiting == 0 and not STOPS.runs
 
 
-def test_an_unread_stream_loses_its_place(page_offline, model_busy):
+def test_an_unread_stream_loses_its_place(page_offline, model_busy, caplog):
     with mock.patch.object(ui_session, "_unread", lambda key: 5 if key == "gone" else None), \
-            mock.patch.object(ui_session, "READ_PATIENCE_S", 0.5):
+            mock.patch.object(ui_session, "READ_PATIENCE_S", 0.5), caplog.at_level(logging.WARNING, ui_generate.log.name):
         t0 = time.perf_counter()
         frames = list(generate_view(PROMPT, "offline", max_new_tokens=8, request=req("gone")))
     assert time.perf_counter() - t0 < 3.0
     assert "its stream was not read" in status_of(frames[-1]) and model_busy.waiting == 0
+    assert "a waiting run left the line: its stream was not read" in caplog.text  # the operator sees it too
+
+
+def test_a_running_stream_nobody_reads_is_stopped_and_told_why(page_offline, caplog):
+    """A run whose unread backlog only grows stops within the patience, says why (not "you pressed Stop"),
+    and the server's log says so."""
+    backlog = iter(range(2, 10**6))
+    with mock.patch.object(ui_session, "_unread", lambda key: next(backlog) if key == "slow" else None), \
+            mock.patch.object(ui_session, "READ_PATIENCE_S", 0.3), caplog.at_level(logging.WARNING, ui_generate.log.name):
+        frames = list(generate_view(PROMPT, "offline", max_new_tokens=512, request=req("slow")))
+    last = status_of(frames[-1])
+    assert "this page stopped reading its stream" in last and "you pressed Stop" not in last, last
+    assert "done:" not in last and "a run was stopped after" in caplog.text
 
 
 def test_runs_are_served_in_order_once_the_model_is_free(page_offline):

@@ -113,10 +113,13 @@ def frame(view: viz.LiveView, run: RunRecord, baselines: dict[str, Any] | None, 
                  stats=stats(view, run, baselines, note), table=view.table(), text=view.text(), **more)
 
 
-def final_status(s: Summary) -> str:
-    """The status line a run ends on (a replay ends on exactly the same one)."""
+UNREAD_WHY = "this page stopped reading its stream (a slow connection?); press Run to start again"
+
+
+def final_status(s: Summary, why: str = "you pressed Stop") -> str:
+    """The status line a run ends on (a replay ends on exactly the same one); `why` a stopped run stopped."""
     if s.stop_reason == "stopped":
-        return f"stopped after {s.new_tokens} tokens ({s.target_calls} rounds): you pressed Stop"
+        return f"stopped after {s.new_tokens} tokens ({s.target_calls} rounds): {why}"
     w = (s.config or {}).get("priors_weight", 0.0)
     start = f"; the bandit started from the preset's priors ({w:g} pseudo-rounds per arm)" if w else ""
     return (f"done: {s.new_tokens} tokens, {s.target_calls} target calls, {s.tokens_per_s:.1f} tokens/s "

@@ -59,6 +59,7 @@ from metasd.ui.config import (
 from metasd.ui.errors import failure, refused
 from metasd.ui.frames import (
     STREAM_PLACEHOLDER,
+    UNREAD_WHY,
     Frame,
     Unchanged,
     baseline_key,
@@ -261,6 +262,8 @@ def _stream(events: Iterator[Any], stop: threading.Event, view: viz.LiveView, re
         yield from _waiting_frames(ticket, view, record, baselines, reading)
         if ticket.left:
             why = "you pressed Stop" if ticket.left == "stopped" else "its stream was not read"
+            if ticket.left != "stopped":  # the operator's view of a client lost while it waited
+                log.warning("a waiting run left the line: its stream was not read (%d waiting)", MODEL.waiting)
             yield frame(view, record, baselines, f"left the line before starting: {why}", record=None,
                         lanes=lanes_placeholder())
             return
@@ -346,17 +349,19 @@ def _engine_frames(stream: EngineStream, view: viz.LiveView, record: RunRecord,
                    baselines: dict | None, reading: Callable[[], bool] = lambda: True) -> Iterator[tuple]:
     """One frame per batch of engine events, the last one complete and carrying the finished record. A
     client that stopped reading its stream stops the run (its frames would pile up unread)."""
-    plotted_at, plotted_rounds = -1e9, -1
+    plotted_at, plotted_rounds, unread = -1e9, -1, False
     for batch, done in stream.batches():
-        if not reading():
+        if not unread and not reading():
+            log.warning("a run was stopped after %d rounds: its stream was not read", stream.rounds)
             stream.close(timeout=0)
+            unread = True
         t_frame = time.perf_counter()
         for item in batch:
             view.add(item.event, item.t)
         record.frames = (stream.frames, stream.rounds)
         if done:
             record = replace(record, rounds=view.rounds, summary=view.summary)
-            status = final_status(view.summary) if view.summary else "ended"
+            status = final_status(view.summary, *([UNREAD_WHY] if unread else [])) if view.summary else "ended"
             if view.summary is None or view.summary.stop_reason == "stopped":  # Stop, or the tab closed: no more work
                 yield frame(view, record, baselines, status, record=record, lanes=lanes_placeholder(LANES_STOPPED))
                 break
