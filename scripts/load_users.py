@@ -139,7 +139,7 @@ def one_user(url: str, prompt: str, n: int, go: threading.Event, timeout: float,
         elif not run.error and run.told_full is None:
             def text(html: object) -> str:
                 return re.sub(r"\s+", " ", re.sub(r"<[^>]+>", " ", str(html))).strip()
-            said = f"{text(last[0])[:100]} | {text(last[3])[:100]}" if last is not None else "none"
+            said = f"{text(last[0])[:100]} / {text(last[3])[:100]}".replace("|", "/") if last is not None else "none"
             run.error = f"ended without an answer (last frame: {said})"
     except Exception as e:  # noqa: BLE001  (a user's failure is a result, reported)
         run.error = f"{type(e).__name__}: {e}"[:200]

@@ -222,10 +222,12 @@ def test_summary_markdown_and_files(tiny_result, tmp_path):
     md = summary_markdown(tiny_result)
     for needle in ("## Speed-up over the baseline", "## Per method and category", "overall", "speed-up",
                    "accepted/call", "calls/token", "identical", "hf-assisted:tiny-lm", "Where our engine's time goes",
-                   "Every output is identical", "## Speed-up over the target alone with torch's default kernels"):
+                   "Every output is identical"):
         assert needle in md
-    on_gpu = BenchResult(tiny_result.results, tiny_result.rounds, {**tiny_result.meta, "device": "cuda:0"})
-    assert "torch's default kernels" not in summary_markdown(on_gpu)  # nothing is packed there
+    # The second yardstick's section only where the target's layers were packed (the tiny model's are not).
+    assert tiny_result.meta["packed_layers"] == 0 and "torch's default kernels" not in md
+    packed = BenchResult(tiny_result.results, tiny_result.rounds, {**tiny_result.meta, "packed_layers": 22})
+    assert "## Speed-up over the target alone with torch's default kernels" in summary_markdown(packed)
     paths = write_outputs(tiny_result, tmp_path / "out")
     res = pd.read_csv(paths["results.csv"])
     assert list(res.columns) == RESULT_COLUMNS

@@ -42,6 +42,7 @@ def test_default_kernels_compute_as_the_unpacked_layers_and_only_within():
     plain = tiny_llama(vocab=64, layers=2, hidden=64, seed=5)
     packed = copy.deepcopy(plain)
     n = pack_linears(packed)
+    assert n > 0, "nothing packed (METASD_PACKED_LINEAR=0?): this test would check nothing"
     calls = []
     for m in packed.modules():
         if isinstance(m, PackedLinear):
@@ -56,6 +57,10 @@ def test_default_kernels_compute_as_the_unpacked_layers_and_only_within():
         packed(ids)
         assert len(calls) == n
         with pytest.raises(RuntimeError), cpu_linear.default_kernels(packed):
+            with cpu_linear.default_kernels(packed):
+                pass
+            packed(ids)  # the inner one ended: the outer one still holds
+            assert len(calls) == n
             raise RuntimeError("a run that fails inside")
         packed(ids)
         assert len(calls) == 2 * n
@@ -115,6 +120,7 @@ def test_the_benchmarks_default_kernel_yardstick_runs_the_target_unpacked():
 
     bundle = tiny_bundle(vocab=48, seed=1, layers=2, hidden=32)
     n = pack_linears(bundle.target)
+    assert n > 0
     calls = []
     for m in bundle.target.modules():
         if isinstance(m, PackedLinear):

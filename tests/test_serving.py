@@ -24,6 +24,7 @@ from metasd.ui import playground as ui_playground
 from metasd.ui import session as ui_session
 from metasd.ui.bundles import MODEL, get_bundle
 from metasd.ui.config import EXAMPLES, PAGE_POLICY
+from metasd.ui.frames import final_status
 from metasd.ui.generate import generate_view, measure_baseline, stop_generation
 from metasd.ui.session import STOPS
 from tests.tiny import tiny_bundle
@@ -210,6 +211,8 @@ def test_a_running_stream_nobody_reads_is_stopped_and_told_why(page_offline, cap
     last = status_of(frames[-1])
     assert "this page stopped reading its stream" in last and "you pressed Stop" not in last, last
     assert "done:" not in last and "a run was stopped after" in caplog.text
+    summary = frames[-1].record.summary  # the downloaded run replays to the same line
+    assert summary.config["stopped_by"] == "unread" and final_status(summary) in last
 
 
 def test_runs_are_served_in_order_once_the_model_is_free(page_offline):

@@ -47,7 +47,7 @@ from metasd.benchmark.tables import BenchResult, summarize, summary_markdown
 from metasd.core.engine import encode_prompt, run, target_greedy
 from metasd.core.events import RoundEvent
 from metasd.core.validation import REWARDS, InvalidInput, clean_prompt, first_per_category, parse_prompt_set
-from metasd.models.cpu_linear import default_kernels
+from metasd.models.cpu_linear import default_kernels, packed_count
 from metasd.models.loading import Bundle, load_bundle
 from metasd.models.presets import get_preset
 
@@ -342,7 +342,7 @@ def run_bench(bundle: Bundle, prompts: Sequence[Prompt], methods: Sequence[Metho
         "dtype": str(next(bundle.target.parameters()).dtype).replace("torch.", ""),
         "max_new_tokens": max_new_tokens, "gamma": g, "chat_template": chat_template, "seed": seed,
         "prompts": len(encoded), "methods": [m.name for m in methods], "torch_threads": torch.get_num_threads(),
-        "repeats": repeats, "cold": cold,
+        "repeats": repeats, "cold": cold, "packed_layers": packed_count(bundle.target),
         "date": time.strftime("%Y-%m-%d %H:%M"),
     }
     counter = _CallCounter(bundle.target)
@@ -501,6 +501,8 @@ def cmd_bench(a: argparse.Namespace) -> int:
     transformers.logging.set_verbosity_error()  # generate's advisory warnings would break the progress bar
     bundle = load_bundle(a.preset, device=a.device, dtype=a.dtype)
     methods = parse_methods(a.methods, bundle.drafter_names, list(bundle.models), a.reward)
+    if not a.methods and not packed_count(bundle.target):  # nothing packed: it would be the baseline again
+        methods = [m for m in methods if m.kind != "default-kernels"]
     cats = len(dict.fromkeys(p.category for p in prompts))
     print(f"[bench] {len(prompts)} prompts in {cats} categories x {len(methods)} methods: "
           f"{', '.join(m.name for m in methods)}", file=sys.stderr, flush=True)

@@ -177,7 +177,7 @@ def summary_markdown(result: BenchResult) -> str:
         "",
     ]
     strict = over_default_kernels(s)
-    if strict is not None and meta.get("device", "cpu").startswith("cpu"):  # nothing is packed elsewhere
+    if strict is not None and meta.get("packed_layers", 0):  # where nothing is packed it is the baseline again
         out += ["## Speed-up over the target alone with torch's default kernels", "", DEFAULT_KERNELS_NOTE, "",
                 markdown_table(strict, {c: "x" for c in [*cats, "overall"]}, index=True), ""]
     if meta.get("device", "cpu").startswith("cpu") and s["cpu_speedup"].notna().any():

@@ -550,6 +550,9 @@ class Rounds:
         m.out.put(_END)
 
 
+_NOTHING = object()  # drain: the outbox had nothing within `every`
+
+
 def drain(out: queue.SimpleQueue, every: float | None = None, between: Callable[[], None] | None = None
           ) -> Iterator[Any]:
     """A request's outbox as its events: up to END, re-raising an error put there. With `every`, `between()`
@@ -558,10 +561,10 @@ def drain(out: queue.SimpleQueue, every: float | None = None, between: Callable[
         try:
             item = out.get(timeout=every)
         except queue.Empty:
-            item = None
+            item = _NOTHING
         if between is not None:
             between()
-        if item is None:
+        if item is _NOTHING:
             continue
         if isinstance(item, _End):
             return

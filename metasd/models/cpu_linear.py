@@ -160,15 +160,18 @@ def unpack_linears(model: nn.Module) -> int:
 def default_kernels(model: nn.Module) -> Iterator[int]:
     """Within it, the model's packed layers compute with torch's default kernel on their own weights, as before
     packing: the target alone at its fastest for one id per pass, where packing only pays for several (the
-    benchmark's second yardstick, `baseline:default-kernels`). Yields how many layers switched (0: nothing packed)."""
+    benchmark's second yardstick, `baseline:default-kernels`). Yields how many layers switched (0: nothing packed).
+    Only for a model no other thread computes with meanwhile (the benchmark's): the switch is the layers' own, and
+    rows computed with the default kernel are not bitwise those of the packed one, which shared rounds rely on."""
     layers = [m for m in model.modules() if isinstance(m, PackedLinear)]
+    before = [m.default_kernel for m in layers]
     for m in layers:
         m.default_kernel = True
     try:
         yield len(layers)
     finally:
-        for m in layers:
-            m.default_kernel = False
+        for m, was in zip(layers, before, strict=True):
+            m.default_kernel = was
 
 
 def packed_count(model: nn.Module) -> int:

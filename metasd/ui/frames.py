@@ -114,12 +114,15 @@ def frame(view: viz.LiveView, run: RunRecord, baselines: dict[str, Any] | None, 
 
 
 UNREAD_WHY = "this page stopped reading its stream (a slow connection?); press Run to start again"
+UNREAD = {"stopped_by": "unread"}  # put into a stopped run's summary config when nobody read its stream
 
 
-def final_status(s: Summary, why: str = "you pressed Stop") -> str:
-    """The status line a run ends on (a replay ends on exactly the same one); `why` a stopped run stopped."""
+def final_status(s: Summary) -> str:
+    """The status line a run ends on (a replay ends on exactly the same one: why a run stopped is in its
+    summary's config)."""
     if s.stop_reason == "stopped":
-        return f"stopped after {s.new_tokens} tokens ({s.target_calls} rounds): {why}"
+        unread = (s.config or {}).get("stopped_by") == UNREAD["stopped_by"]
+        return f"stopped after {s.new_tokens} tokens ({s.target_calls} rounds): {UNREAD_WHY if unread else 'you pressed Stop'}"
     w = (s.config or {}).get("priors_weight", 0.0)
     start = f"; the bandit started from the preset's priors ({w:g} pseudo-rounds per arm)" if w else ""
     return (f"done: {s.new_tokens} tokens, {s.target_calls} target calls, {s.tokens_per_s:.1f} tokens/s "

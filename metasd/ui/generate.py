@@ -59,7 +59,7 @@ from metasd.ui.config import (
 from metasd.ui.errors import failure, refused
 from metasd.ui.frames import (
     STREAM_PLACEHOLDER,
-    UNREAD_WHY,
+    UNREAD,
     Frame,
     Unchanged,
     baseline_key,
@@ -360,8 +360,10 @@ def _engine_frames(stream: EngineStream, view: viz.LiveView, record: RunRecord,
             view.add(item.event, item.t)
         record.frames = (stream.frames, stream.rounds)
         if done:
+            if unread and view.summary is not None and view.summary.stop_reason == "stopped":
+                view.summary = replace(view.summary, config={**(view.summary.config or {}), **UNREAD})
             record = replace(record, rounds=view.rounds, summary=view.summary)
-            status = final_status(view.summary, *([UNREAD_WHY] if unread else [])) if view.summary else "ended"
+            status = final_status(view.summary) if view.summary else "ended"
             if view.summary is None or view.summary.stop_reason == "stopped":  # Stop, or the tab closed: no more work
                 yield frame(view, record, baselines, status, record=record, lanes=lanes_placeholder(LANES_STOPPED))
                 break
