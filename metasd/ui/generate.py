@@ -261,8 +261,10 @@ def _stream(events: Iterator[Any], stop: threading.Event, view: viz.LiveView, re
             return
         yield from _waiting_frames(ticket, view, record, baselines, reading)
         if ticket.left:
-            why = "you pressed Stop" if ticket.left == "stopped" else "its stream was not read"
-            if ticket.left != "stopped":  # the operator's view of a client lost while it waited
+            if ticket.left == "stopped":
+                why = "you pressed Stop"
+            else:  # a client lost while it waited: the operator sees it too
+                why = "its stream was not read"
                 log.warning("a waiting run left the line: its stream was not read (%d waiting)", MODEL.waiting)
             yield frame(view, record, baselines, f"left the line before starting: {why}", record=None,
                         lanes=lanes_placeholder())
