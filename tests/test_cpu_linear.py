@@ -87,6 +87,60 @@ def test_two_rows_are_padded_to_three_and_come_back_as_two(monkeypatch):
     assert torch.allclose(padded, nn.functional.linear(x, layer.weight, layer.bias), rtol=1e-4, atol=1e-5)
 
 
+def _lone_row_differs(op):
+    """A stand-in for the packed op as an AVX-512 CPU computes it: a call of one row takes another kernel, whose
+    bits differ from the same row's among others (here by one ulp-scale nudge); calls of two or more agree."""
+    def differs(inp, *a):
+        out = op(inp, *a)
+        return out * (1 + 2**-20) if inp.numel() // inp.shape[-1] == 1 else out
+    return differs
+
+
+def test_a_lone_row_that_takes_another_kernel_is_padded_so_every_row_is_batch_invariant(monkeypatch):
+    """Whatever CPU this runs on: packing probes each layer shape for the fewest rows a call needs to give a row
+    the bits it has in company (min_rows) and pads smaller calls up to it, so the model is row-invariant and the
+    shared rounds need no blocks. Without the padding the same model is not row-invariant (the probe can fail)."""
+    from metasd.core.batch import row_invariant
+
+    reorder, op = cpu_linear._packed_op()
+    monkeypatch.setattr(cpu_linear, "_packed_op", lambda: (reorder, _lone_row_differs(op)))
+    model = tiny_llama(vocab=64, layers=2, hidden=64, seed=7)
+    assert pack_linears(model) > 0
+    layers = [m for m in model.modules() if isinstance(m, PackedLinear)]
+    assert {m.min_rows for m in layers} == {2}
+    assert "64->64 to 2 rows" in cpu_linear.padding(model)
+    assert row_invariant(model)
+    x = torch.randn(1, 1, 64, generator=torch.Generator().manual_seed(2))
+    with torch.no_grad():
+        alone = layers[0](x)[0, 0]
+        among = layers[0](torch.cat((x, torch.randn(1, 4, 64)), dim=1))[0, 0]
+    assert torch.equal(alone, among)
+    copied = copy.deepcopy(model)  # a copy (a drafter's view of the target) keeps the padding
+    assert {m.min_rows for m in copied.modules() if isinstance(m, PackedLinear)} == {2}
+    for m in layers:
+        m.min_rows = 1
+    assert not row_invariant(model), "the stand-in did not make a lone row differ: this test would check nothing"
+
+
+def test_a_layer_no_padding_makes_invariant_is_left_unpadded_and_the_model_reported_variant(monkeypatch):
+    """A kernel whose bits depend on the number of rows at every size (as sgemm's): no min_rows helps, the layer
+    is left as it was (min_rows 1) and the model reports itself not row-invariant (the shared rounds then run in
+    blocks of rows, tests/test_serving.py)."""
+    from metasd.core.batch import row_invariant
+
+    reorder, op = cpu_linear._packed_op()
+
+    def by_count(inp, *a):
+        n = inp.numel() // inp.shape[-1]
+        return op(inp, *a) * (1 + n * 2**-22)
+
+    monkeypatch.setattr(cpu_linear, "_packed_op", lambda: (reorder, by_count))
+    model = tiny_llama(vocab=64, layers=1, hidden=64, seed=8)
+    assert pack_linears(model) > 0
+    assert {m.min_rows for m in model.modules() if isinstance(m, PackedLinear)} == {1}
+    assert cpu_linear.padding(model) == "" and not row_invariant(model)
+
+
 def test_tied_head_stays_tied_and_gradients_use_the_plain_product():
     model = tiny_llama(vocab=64, hidden=32, seed=1)
     model.lm_head.weight = model.model.embed_tokens.weight  # tied, as SmolLM2's

@@ -35,8 +35,16 @@ ROWS_HINT = 8
 # oneDNN runs two rows through a slower path than three, and the third row's zeros change nothing in
 # the two real rows' results (same kernel per row: bitwise equal logits on the offline target). A
 # verification of one drafted token (two ids, most rounds on hard prompts) took 69 ms against 60 ms
-# for three ids; padded it costs what three do. One row is not padded: its kernel differs (1e-5 apart).
+# for three ids; padded it costs what three do.
 PAD_ROWS = {2: 3}
+# One row may take another kernel than several (a matrix-vector product): on an AVX-512 CPU (Xeon, AMX,
+# 2026-12-04) the 1536 -> 576 projection gave a lone row other bits (1e-6 apart) than the same row among
+# others, while every call of 2 to 192 rows agreed. A model whose row depends on its company is not batch-
+# invariant: shared rounds would change a request's answer. So each layer shape is probed when packed for
+# the fewest rows a call needs to give every row the bits it has in any larger call (`min_rows`), and
+# smaller calls are padded with zero rows up to it. On that CPU only the down projection pads one row to
+# two: a one-id pass 65.0 -> 66.3 ms there (median of 15, three interleaved pairs), three ids unchanged.
+MIN_ROWS_TRIED = (1, 2, 3, 4, 8)
 
 
 def _packed_op():
@@ -63,14 +71,15 @@ class PackedLinear(nn.Module):
         self.bias = linear.bias
         self._reorder, self._op = reorder, op
         self.default_kernel = False  # set by `default_kernels`: compute as the layer did before packing
+        self.min_rows = 1  # calls of fewer rows are padded up to it (`min_rows_for`: row-invariant bits)
         self.register_buffer("packed", reorder(linear.weight.detach(), ROWS_HINT), persistent=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.default_kernel or (torch.is_grad_enabled() and (x.requires_grad or self.weight.requires_grad)):
             return F.linear(x, self.weight, self.bias)
         rows = x.numel() // x.shape[-1] if x.shape[-1] else 0
-        pad = PAD_ROWS.get(rows)
-        if pad is None:
+        pad = max(PAD_ROWS.get(rows, rows), self.min_rows) if rows else rows
+        if pad == rows:
             return self._op(x, self.packed, self.bias, "none", [], "")
         flat = x.reshape(rows, x.shape[-1])
         y = self._op(torch.cat((flat, flat.new_zeros(pad - rows, flat.shape[1]))), self.packed, self.bias, "none", [], "")
@@ -90,11 +99,33 @@ class PackedLinear(nn.Module):
         lin.weight = copy.deepcopy(self.weight, memo)
         lin.bias = copy.deepcopy(self.bias, memo)
         new = PackedLinear(lin, self._reorder, self._op)
+        new.min_rows = self.min_rows
         memo[id(self)] = new
         return new
 
     def extra_repr(self) -> str:
-        return f"in_features={self.in_features}, out_features={self.out_features}, packed=oneDNN"
+        pad = f", min_rows={self.min_rows}" if self.min_rows > 1 else ""
+        return f"in_features={self.in_features}, out_features={self.out_features}, packed=oneDNN{pad}"
+
+
+@torch.no_grad()
+def min_rows_for(layer: nn.Module, tried: tuple[int, ...] = MIN_ROWS_TRIED, rows: int = 24, seed: int = 0) -> int:
+    """The fewest rows a call of `layer` (a PackedLinear) must have, zero rows padding smaller calls, for every row
+    to get the bits it gets in a call of `rows` rows, wherever it sits in either; 0 if none of `tried` does
+    (the model is then not batch-invariant: the shared rounds run their passes in blocks, metasd.core.batch)."""
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(1, rows, layer.in_features, generator=g).to(layer.weight.dtype)
+    before = layer.min_rows
+    try:
+        for m in tried:
+            layer.min_rows = m
+            together = layer(x)[0]
+            if all(torch.equal(layer(x[:, j: j + n])[0, 0], together[j])
+                   for n in (1, 2, 3, 5, 9, 17) for j in (0, 1, rows // 2, rows - n) if 0 <= j and j + n <= rows):
+                return m
+        return 0
+    finally:
+        layer.min_rows = before
 
 
 def _children(model: nn.Module, plain: bool) -> list[tuple[nn.Module, str, nn.Module]]:
@@ -143,9 +174,22 @@ def pack_linears(model: nn.Module, progress: Callable[[str], None] | None = None
         if progress:
             progress("[metasd] packed CPU linear layers are unavailable here; using torch's default kernels")
         return 0
+    shapes: dict[tuple[int, int, bool], int] = {}  # the kernel is chosen per shape: one probe each
     for parent, name, child in found:
-        setattr(parent, name, PackedLinear(child, *ops))
+        packed = PackedLinear(child, *ops)
+        key = (packed.in_features, packed.out_features, packed.bias is not None)
+        if key not in shapes:
+            shapes[key] = min_rows_for(packed)
+        packed.min_rows = max(1, shapes[key])
+        setattr(parent, name, packed)
     return len(found)
+
+
+def padding(model: nn.Module) -> str:
+    """Which packed layer shapes pad small calls (min_rows), for the load log: '' where none does."""
+    shapes = {(m.in_features, m.out_features): m.min_rows for m in model.modules()
+              if isinstance(m, PackedLinear) and m.min_rows > 1}
+    return ", ".join(f"{i}->{o} to {n} rows" for (i, o), n in shapes.items())
 
 
 def unpack_linears(model: nn.Module) -> int:
