@@ -160,16 +160,17 @@ def the_bundle(preset: str, device: str | None) -> Any:
 
 
 def solo_answers(prompts: list[str], n: int, preset: str = "offline", device: str | None = None) -> dict[str, tuple[str, int]]:
-    """Each prompt's answer alone (the page's policy; greedy output is the target's): from the engine on a CPU;
-    on a GPU, from the shared rounds' blocked pass holding that request alone (the computation a GPU server's
-    page runs take, alone or in company: docs/DESIGN.md §7), so that "answers = solo" shows what company does."""
+    """Each prompt's answer alone (the page's policy; greedy output is the target's): from the engine where the
+    server's passes are unblocked; where they run in blocks of rows (a GPU's, or a CPU's fallback), from the shared
+    rounds' blocked pass holding that request alone (the computation the server's page runs take, alone or in
+    company: docs/DESIGN.md §7), so that "answers = solo" shows what company does."""
     from metasd.core.batch import Rounds
     from metasd.core.engine import collect, generate, prepare, steps
-    from metasd.ui.config import PAGE_POLICY, PASS_BLOCK
+    from metasd.ui.config import PAGE_POLICY
 
     bundle = the_bundle(preset, device)
-    blocked = next(bundle.target.parameters()).is_cuda and PASS_BLOCK > 0
-    rounds = Rounds(bundle.target, max_batch=1, idle_s=1.0, share=True, block=PASS_BLOCK) if blocked else None
+    block = server_block(bundle)
+    rounds = Rounds(bundle.target, max_batch=1, idle_s=1.0, share=True, block=block) if block else None
     out = {}
     for p in dict.fromkeys(prompts):
         if rounds is not None:
@@ -180,6 +181,20 @@ def solo_answers(prompts: list[str], n: int, preset: str = "offline", device: st
         rounds_of, summary = collect(events)
         out[p] = ("".join("".join(ev.emitted_text) for ev in rounds_of), summary.new_tokens)
     return out
+
+
+def server_block(bundle: Any) -> int | None:
+    """The rows per row-wise call the server's shared passes take on this machine (start_rounds' choice), said
+    on stderr: 0 (any: the target is row-invariant), the operator's or a GPU's $METASD_PASS_BLOCK, or the CPU's
+    fallback, the smallest block that gives a row the same bits in any company."""
+    from metasd.core.batch import pass_block
+    from metasd.ui.config import PASS_BLOCK
+
+    block = pass_block(bundle.target, asked=PASS_BLOCK)
+    said = ("none: passes not shared" if block is None else "calls of any size (row-invariant)" if not block
+            else f"blocks of {block} rows")
+    print(f"# shared passes on this machine: {said}", file=sys.stderr, flush=True)
+    return block
 
 
 def rss_mb(pid: int) -> float:
@@ -249,17 +264,17 @@ def engine_only(users: int, prompts: list[str], solo: dict, a: argparse.Namespac
     threads submitting at the same moment, no web server, no frames (what the server adds is the gap)."""
     import torch
 
-    from metasd.core.batch import Rounds, row_invariant
+    from metasd.core.batch import Rounds
     from metasd.core.engine import prepare, steps
     from metasd.core.prefix import PrefixStore
-    from metasd.ui.config import PAGE_POLICY, PASS_BLOCK, PREFIX_MB
+    from metasd.ui.config import PAGE_POLICY, PREFIX_MB
 
     bundle = the_bundle(a.preset, a.device)
     cores = a.engine_threads or os.cpu_count() or 1  # default: every core, as a hosted server's rounds get them
     torch.set_num_threads(cores)
-    block = PASS_BLOCK if next(bundle.target.parameters()).is_cuda else 0  # as start_rounds on a GPU
-    rounds = Rounds(bundle.target, max_batch=users, threads=cores, share=row_invariant(bundle.target, block=block),
-                    prefixes=PrefixStore(PREFIX_MB * 2**20), share_drafts=a.draft_batching == "on", block=block)
+    block = server_block(bundle)  # as start_rounds chooses
+    rounds = Rounds(bundle.target, max_batch=users, threads=cores, share=block is not None, block=block or 0,
+                    prefixes=PrefixStore(PREFIX_MB * 2**20), share_drafts=a.draft_batching == "on")
     go = threading.Event()
     runs = [UserRun(prompts[i % len(prompts)]) for i in range(users)]
 

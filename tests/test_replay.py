@@ -43,6 +43,22 @@ def test_a_run_file_round_trips_exactly(tiny_run):
     assert {"prompt", "text", "token_ids", "rounds", "stats", "config"} <= set(doc) and doc["format"] == FORMAT
 
 
+def test_a_round_that_claims_a_long_time_is_replayed_in_at_most_two_seconds(tiny_run):
+    """A run file whose rounds each claim the most a round may (30 s) replays at the slowest speed (0.25x) with
+    each round's wait capped: the server's replay thread is not kept asleep for minutes by one file."""
+    import threading
+    import time
+
+    from metasd.ui.replay import REPLAY_ROUND_MAX_S, _paced
+
+    doc = json.loads(json.dumps(tiny_run[2]))
+    doc["rounds"] = [{**r, "draft_ms": 10_000, "verify_ms": 10_000, "overhead_ms": 10_000} for r in doc["rounds"][:2]]
+    run_ = parse_run(json.dumps(doc))
+    t = time.perf_counter()
+    assert len(list(_paced(run_, 0.25, threading.Event()))) == 2
+    assert time.perf_counter() - t < 2 * REPLAY_ROUND_MAX_S + 1.0
+
+
 @pytest.mark.parametrize("mutate, message", [
     (lambda d: "not json {", "not JSON"),
     (lambda d: b"\xff\xfe", "not UTF-8"),

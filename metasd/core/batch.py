@@ -17,6 +17,7 @@ Llama-family targets only (q/k/v/o projections, rotary embeddings, RMSNorm, gate
 from __future__ import annotations
 
 import atexit
+import logging
 import queue
 import threading
 import time
@@ -33,6 +34,7 @@ from transformers import DynamicCache
 from transformers.masking_utils import create_causal_mask
 from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
 
+from metasd.core.events import RoundEvent
 from metasd.core.prefix import PrefixStore
 
 try:
@@ -234,6 +236,59 @@ def row_invariant(model: torch.nn.Module, rows: int = 48, seed: int = 0, block: 
     return True
 
 
+# Blocks of rows tried, smallest first, where a model's rows are not invariant in calls of any size (a CPU whose
+# kernels vary with the row count at every size; a GPU's cuBLAS, which picks kernels by shape).
+BLOCKS_TRIED = (4, 8, 16, 32, 64)
+
+
+def pass_block(model: torch.nn.Module, asked: int = 0, tried: tuple[int, ...] = BLOCKS_TRIED) -> int | None:
+    """The rows per row-wise call with which a shared pass gives every row the bits it has alone: 0 (calls of any
+    size: the model is row-invariant), `asked` if given and it works, else the smallest of `tried` that works
+    (rowwise's blocks, a lone request's pass included); None where nothing does (the passes are not shared)."""
+    if asked:
+        return asked if row_invariant(model, block=asked) else None
+    if row_invariant(model):
+        return 0
+    return next((b for b in tried if row_invariant(model, block=b)), None)
+
+
+@torch.no_grad()
+def check_shared_pass(model: torch.nn.Module, block: int = 0, seed: int = 0) -> str | None:
+    """The whole shared pass checked before a server shares one (supports() reads the layout, row_invariant the
+    linear layers; a model with an extra norm or a scaled embedding passes both and would still compute other
+    logits): three requests of different lengths and drafts in one verify_together, each against its own pass.
+    Without blocks its own pass is the model's forward, bit for bit; with blocks it is the same blocked pass
+    holding that request alone (what a lone request is given), bit for bit, and the model's forward to float
+    rounding (1e-4 of the logits' scale). None if it holds, else what failed."""
+    dev = next(model.parameters()).device
+    vocab = model.config.vocab_size
+    g = torch.Generator().manual_seed(seed)
+    shapes = ((5, 3), (17, 0), (9, 5))  # (context, draft): a draft, a lone id (a plain step), a full draft
+    contexts = [torch.randint(0, vocab, (c,), generator=g).tolist() for c, _ in shapes]
+    feeds = [torch.randint(0, vocab, (d + 1,), generator=g).tolist() for _, d in shapes]
+    caches = []
+    for ctx in contexts:
+        c = DynamicCache(config=model.config)
+        model(input_ids=torch.tensor([ctx], device=dev), past_key_values=c, use_cache=True)
+        caches.append(c)
+
+    def parts() -> list[VerifyPart]:
+        return [VerifyPart(f, len(ctx), deepcopy(c)) for f, ctx, c in zip(feeds, contexts, caches, strict=True)]
+
+    together = verify_together(model, parts(), block)
+    for i, (part, got) in enumerate(zip(parts(), together, strict=True)):
+        pos = torch.arange(part.start, part.start + len(part.ids), device=dev).view(1, -1)
+        own = model(input_ids=torch.tensor([part.ids], device=dev), position_ids=pos, past_key_values=part.cache,
+                     use_cache=True).logits[0]
+        alone = own if not block else verify_together(model, [parts()[i]], block)[0]
+        if not torch.equal(got, alone):
+            return f"request {i + 1} of 3 got other logits in company than alone"
+        scale = own.abs().max().item() + 1e-6
+        if block and (got - own).abs().max().item() > 1e-4 * scale:
+            return f"request {i + 1} of 3: the shared pass does not compute the model's own logits"
+    return None
+
+
 @dataclass(frozen=True)
 class PassCost:
     """Shared-pass time against requests per pass, measured at start-up: `ms[i]` for `requests[i]` requests of
@@ -302,6 +357,9 @@ def measure_pass_cost(model: torch.nn.Module, rows: int, requests: tuple[int, ..
     return PassCost(tuple(requests), tuple(best), rows)
 
 
+log = logging.getLogger(__name__)
+
+
 class _End:
     pass
 
@@ -322,12 +380,16 @@ class Neighbours(Protocol):
     def others(self) -> int: ...
 
 
+_PARKED = object()  # a member whose round ended: it begins its next one in the driver's next round
+
+
 class _Member:
     """A joined request: its step generator (metasd.core.engine.steps), what it yielded last, its outbox."""
 
     def __init__(self, req: Any, it: Generator, out: Outbox) -> None:
         self.req, self.it, self.out = req, it, out
-        self.x: Any = None  # what it yielded last: a VerifyPart or DraftPart waiting for a pass, or None (not started)
+        # What it yielded last: a VerifyPart or DraftPart waiting for a pass, _PARKED after a round, None (not started)
+        self.x: Any = None
 
 
 # The drivers' threads are daemons (a server never waits for an idle one to end), but one must not be freeing
@@ -418,7 +480,15 @@ class Rounds:
     def _loop(self) -> None:
         self._threads_now = 0
         while not _EXITING.is_set() and self._admit():
-            self._round()  # in a call of its own: its locals (a finished request's tensors) are freed as it returns
+            try:
+                self._round()  # in a call of its own: its locals (a finished request's tensors) are freed as it returns
+            except Exception as e:  # noqa: BLE001  (the driver outlives a round it could not finish)
+                # Every member's own steps and passes are guarded (_advance, _answer): what fails here is the
+                # driver's own bookkeeping, whose state no member can trust, so the members of this round end with
+                # the error and the driver goes on serving the runs that join next.
+                log.exception("shared rounds: a round failed outside any request; its %d runs end", len(self._members))
+                for m in list(self._members):
+                    self._leave(m, RuntimeError(f"the shared rounds failed a round ({type(e).__name__})"))
 
     def _round(self) -> None:
         for m in list(self._members):
@@ -446,12 +516,21 @@ class Rounds:
             self._threads_now = want
 
     def _answer(self, group: list[_Member], run: Callable[[list[_Member]], list[Any]]) -> None:
-        """Run one pass for `group` and hand each member its result; a failed pass fails its requests only."""
+        """Run one pass for `group` and hand each member its result. A failed pass of several is run again for
+        each member alone, its caches first rolled back to where the pass found them: only a member whose own
+        pass fails ends (with the error), the others go on as if nothing had happened."""
+        lengths = [_cache_of(m.x).get_seq_length() for m in group]
         try:
             results = run(group)
         except Exception as e:  # noqa: BLE001  (a failed pass fails its requests, never the driver)
-            for m in group:
-                self._leave(m, e)
+            if len(group) == 1:
+                self._leave(group[0], e)
+                return
+            log.warning("shared rounds: a pass of %d runs failed (%s: %s); each runs alone", len(group),
+                        type(e).__name__, e)
+            for m, n in zip(group, lengths, strict=True):
+                crop_to(_cache_of(m.x), n)
+                self._answer([m], run)
             return
         for m, result in zip(group, results, strict=True):
             self._advance(m, result)
@@ -530,11 +609,19 @@ class Rounds:
         return [results[id(m)] for m in live]
 
     def _advance(self, m: _Member, result: tuple[torch.Tensor, Any] | None) -> None:
-        """Run m's steps until it asks for a pass (or ends), handing its events to its stream."""
+        """Run m's steps until it asks for a pass, ends a round (it is parked until the driver's next round: a
+        round that runs its own pass, a token tree's, holds the others for that round only) or ends, handing its
+        events to its stream."""
         try:
-            m.x = m.it.send(result) if result is not None else (m.x if m.x is not None else next(m.it))
+            if result is not None:
+                m.x = m.it.send(result)
+            elif m.x is None or m.x is _PARKED:
+                m.x = next(m.it)
             while not isinstance(m.x, (VerifyPart, DraftPart)):
                 m.out.put(m.x)
+                if isinstance(m.x, RoundEvent):
+                    m.x = _PARKED
+                    return
                 m.x = next(m.it)
         except StopIteration:
             self._leave(m, None)
@@ -548,6 +635,10 @@ class Rounds:
         if error is not None:
             m.out.put(error)
         m.out.put(_END)
+
+
+def _cache_of(x: VerifyPart | DraftPart) -> Any:
+    return x.part.cache if isinstance(x, DraftPart) else x.cache
 
 
 _NOTHING = object()  # drain: the outbox had nothing within `every`

@@ -73,6 +73,7 @@ class RoundsProcess:
         child closes (else a killed server's earlier children would never see their pipes close). Without
         `read`, the thread reading the child's events starts later (`start_reading`: after a pool's forks)."""
         self.model = bundle.target  # the server's handle on the same weights: `bundle.target is ROUNDS.model`
+        self.block = rounds.block  # rows per row-wise call of every pass (0: any)
         self.together = self.most = 0
         ctx = mp.get_context("fork")
         cmd_recv, self._cmds = ctx.Pipe(duplex=False)
@@ -138,19 +139,32 @@ class RoundsProcess:
     def _read(self) -> None:
         while True:
             try:
-                rid, item, together = self._events.recv()
+                rid, together, data = self._events.recv()  # ints and bytes: always readable
             except (EOFError, OSError):
+                break
+            except Exception:  # noqa: BLE001  (a frame that is not ours: the pipe's framing is lost with it)
+                log.exception("shared rounds: an unreadable message from the rounds' process; it is restarted")
+                self._proc.kill()
                 break
             self.together = together
             self.most = max(self.most, together)
             box = self._queues.get(rid)
-            if box is not None:
-                box.put(item)
+            if box is None:
+                continue
+            try:
+                item = pickle.loads(data)
+            except Exception as e:  # noqa: BLE001  (one run's message that does not unpickle ends that run only)
+                log.warning("shared rounds: run %d's message could not be read (%s: %s); that run ends", rid,
+                            type(e).__name__, e)
+                item = RuntimeError(f"a message of this run could not be read ({type(e).__name__})")
+                self._queues.pop(rid, None)
+            box.put(item)
         self._proc.join(5)
         if self._closing:
             self.gone = "the shared rounds were closed"
         else:
-            self.gone = f"the shared rounds' process ended (exit code {self._proc.exitcode}); restart the server"
+            self.gone = (f"the shared rounds' process ended (exit code {self._proc.exitcode}) and was restarted; "
+                         "press Run again")
             log.error(self.gone)
         for box in list(self._queues.values()):
             box.put(EngineGone(self.gone))
@@ -175,13 +189,16 @@ class RoundsPool:
 
     def __init__(self, bundle: Any, rounds: Rounds, n: int):
         self.model = bundle.target
-        load = mp.get_context("fork").Array("i", n, lock=False)
+        self.block = rounds.block
+        self._bundle, self._rounds = bundle, rounds  # kept to fork a replacement for a process that died
+        self._load = load = mp.get_context("fork").Array("i", n, lock=False)
         self.processes: list[RoundsProcess] = []
         for slot in range(n):  # every fork first, then the readers: each child begins with the forking thread alone
             self.processes.append(RoundsProcess(bundle, rounds, load, slot, self.processes, read=False))
         for p in self.processes:
             p.start_reading()
         self._running = [0] * n
+        self.restarts = 0
         self._lock = threading.Lock()
 
     @property
@@ -206,8 +223,10 @@ class RoundsPool:
         return sum(p.together for p in busy)
 
     def submit(self, job: Job, stop: threading.Event) -> Iterator[Any]:
-        """As RoundsProcess.submit, in the process holding the fewest runs (a dead one takes none)."""
+        """As RoundsProcess.submit, in the process holding the fewest runs. A process that died (its runs were
+        told so) is replaced first by a fresh fork of the same rounds."""
         with self._lock:
+            self._restart_dead()
             live = [i for i, p in enumerate(self.processes) if not p.gone] or [0]
             i = min(live, key=lambda j: self._running[j])
             self._running[i] += 1
@@ -216,6 +235,20 @@ class RoundsPool:
         finally:
             with self._lock:
                 self._running[i] -= 1
+
+    def _restart_dead(self) -> None:
+        """Fork a replacement for each process that ended without being closed (under self._lock). The rounds
+        given to the first forks were never run in this process, so a new child starts from the same state."""
+        for slot, p in enumerate(self.processes):
+            if p.gone and not p._closing:
+                self._load[slot] = 0
+                others = [q for q in self.processes if q is not p and not q.gone]
+                self.processes[slot] = RoundsProcess(self._bundle, self._rounds, self._load, slot, others)
+                self.restarts += 1
+                for end in (p._cmds, p._events):  # the dead child's pipes (its reader has ended)
+                    end.close()
+                log.warning("shared rounds: process %s had ended; process %s replaces it", p.pid,
+                            self.processes[slot].pid)
 
     def close(self, timeout: float = 10.0) -> None:
         for p in self.processes:
@@ -262,12 +295,12 @@ def _serve(bundle: Any, rounds: Rounds, cmds: Any, events: Any, servers_ends: li
         if isinstance(item, _End):
             stops.pop(rid, None)
         try:
-            data = pickle.dumps((rid, item, rounds.together), protocol=pickle.HIGHEST_PROTOCOL)
+            data = pickle.dumps(item, protocol=pickle.HIGHEST_PROTOCOL)
         except Exception:  # noqa: BLE001  (an error that does not pickle still reaches its run, as text)
-            data = pickle.dumps((rid, RuntimeError(f"{type(item).__name__}: {item}"), rounds.together))
+            data = pickle.dumps(RuntimeError(f"{type(item).__name__}: {item}"))
         try:
-            with lock:
-                events.send_bytes(data)
+            with lock:  # the item pickled apart: a message the server cannot read still names its run
+                events.send((rid, rounds.together, data))
         except OSError:  # the server is gone: the main thread sees it too and ends
             pass
 

@@ -14,7 +14,15 @@ import gradio as gr
 
 from metasd.bandits.policies import POLICIES, single_method
 from metasd.core import defaults
-from metasd.core.batch import Rounds, kv_bytes_per_token, measure_pass_cost, row_invariant, supports
+from metasd.core.batch import (
+    BLOCKS_TRIED,
+    Rounds,
+    check_shared_pass,
+    kv_bytes_per_token,
+    measure_pass_cost,
+    pass_block,
+    supports,
+)
 from metasd.core.engine import encode_prompt, generate, prepare, steps
 from metasd.core.lanes import lanes_for
 from metasd.core.numerics import first_divergence
@@ -183,7 +191,7 @@ def engine_events(bundle: Bundle, text: str, drafters: list[str] | None, setting
     and each of Compare's come this way. A `timed` run (Compare's, set against the target alone timed in this
     process) reads its own prompt in the rounds, and skips them where their passes are padded into blocks
     (a GPU's): there it would be timed on another computation than the target alone."""
-    if ROUNDS is not None and bundle.target is ROUNDS.model and not (timed and PASS_BLOCK):
+    if ROUNDS is not None and bundle.target is ROUNDS.model and not (timed and ROUNDS.block):
         req = prepare(bundle, text, drafters=drafters, max_new_tokens_limit=MAX_NEW_TOKENS, **settings)  # checks it
         req.timed = timed
         return (ROUNDS.submit(Job(text, drafters, settings, MAX_NEW_TOKENS, timed), stop)
@@ -205,11 +213,23 @@ def start_rounds(bundle: Bundle, process: int = ROUNDS_PROCESS) -> str:
     stop_rounds()
     if not supports(bundle.target):
         return "shared rounds: off (the shared pass does not compute this target's layout)"
-    if not row_invariant(bundle.target, block=PASS_BLOCK):
-        return "shared rounds: off (this target's linear layers give a row other bits beside other rows)"
+    block = pass_block(bundle.target, asked=PASS_BLOCK)
+    if block is None:
+        return ("shared rounds: off (this target's linear layers give a row other bits beside other rows, in calls "
+                f"of any size and in blocks of {', '.join(map(str, BLOCKS_TRIED))} rows)")
+    failed = in_fresh_thread(lambda: check_shared_pass(bundle.target, block), TORCH_THREADS, name="metasd-pass-check")
+    if failed:
+        return f"shared rounds: off (the shared pass was checked against the model's own: {failed})"
     rows = bundle.preset.gamma + 1  # a round's last id and a full draft: the most a chain round verifies
-    cost = in_fresh_thread(lambda: measure_pass_cost(bundle.target, rows, block=PASS_BLOCK), TORCH_THREADS,
+    cost = in_fresh_thread(lambda: measure_pass_cost(bundle.target, rows, block=block), TORCH_THREADS,
                            name="metasd-cost-model")
+    why = ""
+    if block and not PASS_BLOCK:  # the CPU's fallback: what blocks cost a lone request, in the log
+        plain = in_fresh_thread(lambda: measure_pass_cost(bundle.target, rows, requests=(1,)), TORCH_THREADS,
+                                name="metasd-cost-model")
+        why = (f": without them this CPU's kernels give a row other bits beside other rows; a lone pass "
+               f"{cost.ms[0]:.0f} ms in blocks against {plain.ms[0]:.0f} ms without")
+    blocks = f" (row-wise layers in blocks of {block} rows{why})" if block else ""
     by_time = cost.best_batch(BATCH_SLOWDOWN)
     per_request = kv_bytes_per_token(bundle.target) * min(bundle.max_context, 1024 + MAX_NEW_TOKENS)
     by_memory = max(1, KV_BUDGET_MB * 2**20 // per_request)
@@ -217,18 +237,18 @@ def start_rounds(bundle: Bundle, process: int = ROUNDS_PROCESS) -> str:
     # Every process keeps its own prompt passes: the budget is theirs together.
     rounds = Rounds(bundle.target, n, threads=TORCH_THREADS, share=True,
                     prefixes=PrefixStore(PREFIX_MB * 2**20 // max(1, process)), share_drafts=BATCH_DRAFTS,
-                    crowd_threads=CROWD_THREADS if process else None, block=PASS_BLOCK)
+                    crowd_threads=CROWD_THREADS if process else None, block=block)
     MODEL.resize(n)
     drafters = {name: m for name, m in bundle.models.items() if hasattr(m, "model")}  # LMs, not white-box heads
     together = in_fresh_thread(lambda: [d for d, m in drafters.items() if rounds.drafts_together(m)], TORCH_THREADS,
                                name="metasd-drafter-probe")  # before the fork: the child keeps the answers
     ROUNDS = RoundsPool(bundle, rounds, process) if process else rounds
-    where = "in this process" + (f" (row-wise layers in blocks of {PASS_BLOCK} rows)" if PASS_BLOCK else "")
+    where = "in this process" + blocks
     if isinstance(ROUNDS, RoundsPool):
         pids = ", ".join(str(p) for p in ROUNDS.pids)
         where = (f"in process{'es' if process > 1 else ''} {pids} (each run in the one holding the fewest; "
                  f"{TORCH_THREADS} torch thread(s) for a run alone, {CROWD_THREADS or TORCH_THREADS} each while "
-                 "several run)")
+                 "several run)") + blocks
     return (f"shared rounds {where}: up to {n} runs at once (cost model: {cost.describe()}; at most "
             f"{BATCH_SLOWDOWN:g}x a solo pass -> {by_time}; KV budget {KV_BUDGET_MB} MB -> {by_memory}; cap "
             f"{MAX_BATCH}); prompt passes kept: up to {PREFIX_MB} MB; drafting together: {', '.join(together) or 'none'}")

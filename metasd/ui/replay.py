@@ -137,13 +137,19 @@ def replay_view(run_file: Any = None, name: str = "", speed: float = 2.0, reques
         STOPS.end(key, stop)
 
 
+# A replay waits at most this long for any one round, whatever the file says it took: a run file whose one round
+# claims 30 s (the most a recorded round may claim) kept a replay asleep on the server for that long.
+REPLAY_ROUND_MAX_S = 2.0
+
+
 def _paced(run: Replay, pace: float, stop: threading.Event) -> Iterator[RoundEvent]:
-    """The recorded rounds at their recorded pace / `pace` (each wait at most REPLAY_MAX_S, and the whole replay
-    too): the event stream a replay's driver draws, as the engine's is for a live run."""
-    t0, clock = time.perf_counter(), 0.0
+    """The recorded rounds at their recorded pace / `pace`, each round's wait at most REPLAY_ROUND_MAX_S (and the
+    whole replay at most REPLAY_MAX_S, by `_pace`): the event stream a replay's driver draws, as the engine's is
+    for a live run."""
+    due = time.perf_counter()
     for ev in run.rounds:
-        clock += _round_s(ev)
-        wait = min(t0 + clock / pace - time.perf_counter(), REPLAY_MAX_S)
+        due += min(_round_s(ev) / pace, REPLAY_ROUND_MAX_S)
+        wait = due - time.perf_counter()
         if (wait > 0 and stop.wait(wait)) or stop.is_set():
             return
         yield ev
