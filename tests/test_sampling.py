@@ -130,3 +130,36 @@ def test_verify_single_position_exact():
         counts[x.item() if v.accepted else v.token] += 1
     p = torch.softmax(p_logits[0].double(), -1).numpy()
     assert chisquare(counts, p / p.sum() * counts.sum()).pvalue > 1e-3
+
+
+@pytest.mark.parametrize("full", [False, True], ids=["policy-sized", "every-arm-full-depth"])
+def test_metasd_tree_output_distribution_equals_target_with_trees_three_deep(full, monkeypatch):
+    """Sampled token trees of depth three (gamma 3, four new tokens, so that a first round can hold three drafted
+    ids and the target's own): a model drafter's sampled chain (q with zeros: a smaller vocabulary), prompt
+    lookup's and token recycling's deterministic chains and their extra candidates, merged into one tree per
+    round. As the policy sizes them, and with every awake arm at its full depth."""
+    import sys
+
+    from metasd.core import tree_round
+    from tests.test_tree import _full_trees
+
+    if full:
+        _full_trees(monkeypatch)
+    deepest = []
+    play = tree_round.verify_round
+
+    def seen(req, t):
+        deepest.append(max(t.tree.depths, default=0))
+        return play(req, t)
+
+    monkeypatch.setattr(tree_round, "verify_round", seen)
+    monkeypatch.setattr(sys.modules[__name__], "N_TOKENS", 4)
+    s = Sampling(1.0)
+    # A peaked target (head scaled 14x): over four tokens half its mass lies in 58 sequences the test can count.
+    bundle = tiny_bundle(vocab=VOCAB, seed=11, scale=14.0, noise=0.5, drafter_vocab=5)
+    prompt = [1, 2, 3, 1, 2, 3, 1, 2]
+    target_p = exact_joint(bundle.target, prompt, s, n=4)
+    counts = sample_counts(bundle, prompt, "metasd-tree", s, gamma=3)
+    assert max(deepest) == 3 and sum(d >= 2 for d in deepest) > SAMPLES // 10, "trees were not deeper than one"
+    p = chi_square_p(counts, target_p, SAMPLES)
+    assert p > 1e-3, f"metasd-tree: output distribution differs from the target's (chi-square p={p:.2e})"

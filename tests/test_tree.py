@@ -229,6 +229,154 @@ def test_tree_sampling_keeps_the_targets_distribution(case):
     assert chisquare(obs, np.array(exp) * sum(obs) / sum(exp)).pvalue > 1e-3, (counts, exact)
 
 
+# ---- exact enumeration: every draw of a whole sampled tree round, summed --------------------------
+
+
+class _Oracle:
+    """Stands in for every random draw of one round (the drafters', each acceptance, the last id): the draws
+    follow `script` (indices into each draw's outcomes), then the first possible outcome, noting the others so
+    that `enumerate_rounds` runs each of them too. `weight`: the probability of the draws taken."""
+
+    def __init__(self, script: list[int]):
+        self.script, self.taken, self.branches, self.weight = script, [], [], 1.0
+
+    def choose(self, probs: list[float]) -> int:
+        j = len(self.taken)
+        possible = [i for i, pr in enumerate(probs) if pr > 0]
+        c = self.script[j] if j < len(self.script) else possible[0]
+        if j >= len(self.script):
+            self.branches += [self.taken + [alt] for alt in possible[1:]]
+        self.taken.append(c)
+        self.weight *= probs[c]
+        return c
+
+
+def enumerate_rounds(play) -> dict:
+    """The exact distribution of `play(oracle)`'s outcome over every sequence of draws."""
+    dist: dict = {}
+    todo: list[list[int]] = [[]]
+    while todo:
+        o = _Oracle(todo.pop())
+        out = play(o)
+        dist[out] = dist.get(out, 0.0) + o.weight
+        todo += o.branches
+    return dist
+
+
+class _ToyArm:
+    """A drafter of the toy round: deterministic (model-free, a fixed chain and fixed other candidates), or
+    sampled from its own table of q, stopping early on its own draws (`stop(token) -> bool`), as a model drafter
+    stops when its confidence falls."""
+
+    ms_per_token = 0.0
+
+    def __init__(self, chain=(), q=None, stop=None, alternatives=()):
+        self.chain, self.q, self.stop, self.alts = list(chain), q, stop, list(alternatives)
+        self.model_free = q is None
+        self.oracle: _Oracle | None = None
+
+    def attach(self, cache, ids) -> None:
+        pass
+
+    def propose(self, ids, k, s, generator):
+        from metasd.drafting.drafters import Draft
+
+        if self.q is None:
+            return Draft(self.chain[:k], None)
+        toks, rows = [], []
+        while len(toks) < k:
+            q = self.q[tuple(toks)]
+            rows.append(q)
+            toks.append(self.oracle.choose(q.tolist()))
+            if self.stop(toks[-1]):
+                break
+        return Draft(toks, torch.stack(rows))
+
+    def alternatives(self, ids, k, n):
+        return self.alts[:n]
+
+
+def _toy_round_distribution(p_tab: dict, arms: list[_ToyArm], depths: tuple[int, ...], budget: int) -> dict:
+    """Exactly what the first two emitted ids of a sampled tree round are (the round as the engine plays it:
+    tree_round.draft_tree with its extras, then tree.verify_sampled; the target itself supplies a second id
+    where the round emitted one)."""
+    from types import SimpleNamespace
+
+    from metasd.core import tree_round
+
+    s = Sampling(temperature=1.0)
+    req = SimpleNamespace(arms=arms, pre={}, ids=[0], cache=None, s=s, g_draft=None, g_target=None,
+                          st=SimpleNamespace(gamma=4), budget=8, verify_cost=lambda n: 1.0,
+                          policy=SimpleNamespace(extra_scale=lambda i: 1.0))
+
+    def play(o: _Oracle) -> tuple[int, int]:
+        for a in arms:
+            a.oracle = o
+        t = tree_round.TreeRound(depths, budget, [1.0 / len(arms)] * len(arms))
+        tree_round.draft_tree(req, t)
+        tree = t.tree
+        ctxs = [()] + [tuple(tree.tokens[m] for m in tree.ancestors(n)) for n in range(len(tree))]
+        logits = torch.stack([p_tab[c].double().clamp_min(1e-300).log() for c in ctxs])
+        with pytest.MonkeyPatch.context() as mp:
+            mp.setattr(T, "accepts", lambda chance, g, device="cpu": o.choose([chance, 1.0 - chance]) == 0)
+            mp.setattr(T, "draw", lambda p, g: o.choose(p.tolist()))
+            mp.setattr(T, "warp", lambda lg, s: (lg.double() / s.temperature).softmax(-1))  # float64 throughout
+            v = T.verify_sampled(logits, tree, t.branches, s, None)
+        out = [tree.tokens[n] for n in v.path] + [v.token]
+        if len(out) < 2:
+            out.append(o.choose(p_tab[tuple(out)].double().tolist()))
+        return out[0], out[1]
+
+    return enumerate_rounds(play)
+
+
+def _double(tab: dict) -> dict:
+    """A table in float64, each row summing to 1 to the last bit float64 allows (exact to 1e-9 needs it)."""
+    return {k: v.double() / v.double().sum() for k, v in tab.items()}
+
+
+def _toy_case() -> tuple[dict, list[_ToyArm], tuple[int, ...], int]:
+    """A deterministic arm proposing one id (planned first), with other candidates (extras at two depths); a sampled arm that
+    stops after its first draw unless it drew 0 (so its drafted length depends on that draw); a sampled arm,
+    with zeros in its q, that stops when it draws 2 (early stops at any depth). Tree budget: the deterministic
+    chain, both sampled arms at their planned depths and room for three extra nodes."""
+    p_tab = _double(_table(11, zeros=False))
+    arms = [
+        _ToyArm(chain=[1], alternatives=[((2,), 0.5), ((2, 0), 0.4), ((0,), 0.3), ((3,), 0.2)]),
+        _ToyArm(q=_double(_table(12, zeros=False)), stop=lambda tok: tok != 0),
+        _ToyArm(q=_double(_table(13, zeros=True)), stop=lambda tok: tok == 2),
+    ]
+    return p_tab, arms, (3, 2, 3), 1 + 1 + 2 + 3 + 3
+
+
+def _assert_exact(dist: dict, p_tab: dict) -> None:
+    assert abs(sum(dist.values()) - 1.0) < 1e-12
+    for a, b in itertools.product(range(V), repeat=2):
+        want = float(p_tab[()][a] * p_tab[(a,)][b])
+        assert abs(dist.get((a, b), 0.0) - want) < 1e-9, ((a, b), dist.get((a, b), 0.0), want)
+
+
+def test_a_sampled_tree_round_emits_exactly_the_targets_distribution():
+    """Every draw of a whole tree round enumerated, its probability summed: drafters whose chains' lengths
+    depend on their own draws, early stops, zeros in q, extra candidates at two depths, three depths of tree.
+    The first two ids emitted have exactly the target's distribution (to 1e-9)."""
+    p_tab, arms, depths, budget = _toy_case()
+    dist = _toy_round_distribution(p_tab, arms, depths, budget)
+    assert len(dist) > 8
+    _assert_exact(dist, p_tab)
+
+
+def test_the_exact_test_fails_with_chains_ordered_by_their_drafted_lengths(monkeypatch):
+    """The test above can fail: ordering the chains by the ids each drafted (as draft_tree once did) makes the
+    order at a node depend on a sampled arm's own draw, and the emitted distribution is no longer the target's."""
+    from metasd.core import tree_round
+
+    monkeypatch.setattr(tree_round, "branch_order", lambda t, b: -len(b.tokens))
+    p_tab, arms, depths, budget = _toy_case()
+    with pytest.raises(AssertionError):
+        _assert_exact(_toy_round_distribution(p_tab, arms, depths, budget), p_tab)
+
+
 def test_tree_sampling_would_fail_without_the_residual(monkeypatch):
     """The test above can fail: rejecting without moving p to the residual biases the output."""
     monkeypatch.setattr(T, "residual", lambda p, q, x: p)

@@ -9,12 +9,17 @@ walks down from the root:
 - greedy: follow the child whose token is argmax p; stop where no child is. The kept path is the
   target's own greedy continuation, so the output equals the target's greedy output.
 - sampled: SpecInfer's multi-step speculative sampling. At a node, each proposal of a child (one per
-  arm that proposed it, in the policy's order) is accepted with probability min(1, p(x) / q(x)) under
-  the current p; a rejection replaces p by norm(max(0, p - q)). After every proposal is rejected,
-  the token is drawn from what is left of p. Each proposal is a draw from its q independent of the
-  others (for a deterministic drafter q is one-hot), so by the chain's argument applied once per
-  proposal, the emitted token has distribution p; the proposals below an accepted child are draws
-  conditioned on that child only, so the argument repeats at every depth.
+  arm that proposed it) is accepted with probability min(1, p(x) / q(x)) under the current p; a
+  rejection replaces p by norm(max(0, p - q)). After every proposal is rejected, the token is drawn
+  from what is left of p. Each proposal is a draw from its q independent of the others (for a
+  deterministic drafter q is one-hot), so by the chain's argument applied once per proposal, the
+  emitted token has distribution p; the proposals below an accepted child are draws conditioned on
+  that child only, so the argument repeats at every depth. The argument needs the order in which a
+  node's proposals are tried, and which proposals exist there, to be fixed before anything is drawn:
+  an order by drafted length (a sampled drafter stops early on its own draws) or extras that exist
+  only where no sampled chain went both bias the output (tests/test_tree.py enumerates it exactly).
+  So the arms' own chains are tried in the order the policy planned them (planned depth, then arm),
+  and the extra candidates after them, in the order they were added (`proposals`).
 
 Then the cache keeps only the root and the accepted nodes (their keys and values gathered into
 place, the rest dropped): what a fresh prefill of the accepted text gives.
@@ -214,11 +219,25 @@ def verify_greedy(logits: torch.Tensor, tree: TokenTree) -> TreeVerdict:
         node = child
 
 
-def _proposals(tree: TokenTree, node: int, order: Sequence[int]) -> list[tuple[int, int]]:
-    """(child, arm) pairs below `node`, one per arm that proposed the child, arms in `order`."""
-    rank = {a: r for r, a in enumerate(order)}
-    pairs = [(c, a) for c in tree.children[node] for a in tree.proposers[c]]
-    return sorted(pairs, key=lambda ca: rank.get(ca[1], len(rank)))
+def proposals(tree: TokenTree, node: int, branches: Sequence[Branch]) -> list[tuple[int, int]]:
+    """(child, arm) pairs below `node` in the order they are tried: one per branch that passes through it, in
+    the branches' order (the arms' own chains as planned, then the extras as added), each arm once per child."""
+    d = tree.depths[node] if node >= 0 else 0
+    out: list[tuple[int, int]] = []
+    for b, nodes in zip(branches, tree.branch_nodes, strict=True):
+        if len(nodes) > d and (d == 0 or nodes[d - 1] == node) and (nodes[d], b.arm) not in out:
+            out.append((nodes[d], b.arm))
+    return out
+
+
+def accepts(chance: float, generator: torch.Generator | None, device: torch.device | str = "cpu") -> bool:
+    """One proposal's acceptance, a Bernoulli(chance) draw (one uniform consumed whatever the chance)."""
+    return float(torch.rand(1, generator=generator, device=device)) < chance
+
+
+def draw(p: torch.Tensor, generator: torch.Generator | None) -> int:
+    """One id from p."""
+    return int(torch.multinomial(p, 1, generator=generator).item())
 
 
 def verify_sampled(logits: torch.Tensor, tree: TokenTree, branches: Sequence[Branch], s: Sampling,
@@ -226,27 +245,24 @@ def verify_sampled(logits: torch.Tensor, tree: TokenTree, branches: Sequence[Bra
     """Multi-step speculative sampling (SpecInfer) over the tree: the emitted ids have the target's
     distribution whatever the drafters proposed."""
     q_of = {b.arm: b.q for b in branches if not b.extra}
-    order = list(dict.fromkeys(b.arm for b in branches))
     p_rows = warp(logits, s)
     node, path = -1, []
     while True:
         p = p_rows[node + 1]
         moved = False
-        for child, arm in _proposals(tree, node, order):
+        for child, arm in proposals(tree, node, branches):
             x = tree.tokens[child]
             q_arm = q_of.get(arm)  # an extra candidate (never sampled) proposes its id outright
             own = q_arm is not None and child in tree.paths.get(arm, ())
             q = q_arm[tree.proposers[child][arm]] if own else None
             qx = float(q[x]) if q is not None else 1.0
-            u = float(torch.rand(1, generator=generator, device=p.device))
-            if qx > 0 and u < min(1.0, float(p[x]) / qx):
+            if accepts(min(1.0, float(p[x]) / qx) if qx > 0 else 0.0, generator, p.device):
                 path.append(child)
                 node, moved = child, True
                 break
             p = residual(p, q, x)
         if not moved:
-            token = int(torch.multinomial(p, 1, generator=generator).item())
-            return TreeVerdict(path, token)
+            return TreeVerdict(path, draw(p, generator))
 
 
 def residual(p: torch.Tensor, q: torch.Tensor | None, x: int) -> torch.Tensor:

@@ -82,20 +82,34 @@ def draft_tree(req, t: TreeRound) -> None:
             q = d.q[: len(tokens)] if d.q is not None else None
             t.branches.append(Branch(i, list(tokens), q))
         t.draft_ms[i] = 1000 * (time.perf_counter() - t0)
-    # The lead (most ids) first: its proposals are tried first at every node.
-    t.branches.sort(key=lambda b: -len(b.tokens))
+    # The deepest planned chain first, its proposals tried first at every node; an order fixed before anything
+    # was drawn (drafted lengths are not: a sampled drafter stops early on its own draws), which sampled
+    # verification needs to be exact (metasd/core/tree.py).
+    t.branches.sort(key=lambda b: branch_order(t, b))
     t0 = time.perf_counter()
     t.branches.extend(extra_branches(req, t))
     t.extra_ms = 1000 * (time.perf_counter() - t0)
     t.tree = build_tree(t.branches)
 
 
+def branch_order(t: TreeRound, b: Branch) -> tuple[int, int]:
+    """Where an arm's chain stands among the round's: the deepest planned first, then by arm."""
+    return -t.depths[b.arm], b.arm
+
+
 def extra_branches(req, t: TreeRound) -> list[Branch]:
     """The room the chains leave in the budget, filled with the model-free arms' other candidates (their
     second matches, the target's recorded runner-up successors): the most probable nodes first, each only
-    while its chance of being accepted outweighs what one more verified id costs (docs/DESIGN.md §9)."""
-    own = T.prefixes(t.branches)
-    room = t.budget - 1 - len(own)
+    while its chance of being accepted outweighs what one more verified id costs (docs/DESIGN.md §9).
+
+    Which extras exist must not depend on a sampled chain's draws (sampled verification is exact only then):
+    the room and the paths already held are those of the deterministic chains (functions of the context), each
+    sampled chain counted at its planned depth, whatever it drew."""
+    sampled = {i for i, depth in enumerate(t.depths) if depth > 0 and not req.s.greedy and not req.arms[i].model_free}
+    fixed = [b for b in t.branches if b.arm not in sampled]
+    reserved = sum(t.depths[i] for i in sampled)
+    own = T.prefixes(fixed)
+    room = t.budget - 1 - len(own) - reserved
     if room <= 0:
         return []
     depth = min(req.st.gamma, req.budget)  # never past the tokens left to generate
@@ -109,9 +123,10 @@ def extra_branches(req, t: TreeRound) -> list[Branch]:
     step = req.verify_cost(1)
 
     def worth(score: float, nodes: int) -> bool:
+        nodes += reserved
         return score * step > req.verify_cost(nodes + 2) - req.verify_cost(nodes + 1)
 
-    extra = T.grow(t.branches, cands, room, worth)
+    extra = T.grow(fixed, cands, room, worth)
     added = T.prefixes(extra) - own
     t.extra_said = {p: t.extra_said[p] for p in added}
     return extra
