@@ -342,3 +342,32 @@ def test_spec_bench_tasks_group_mt_bench(tmp_path):
     assert [(p.question_id, p.category) for p in grouped] == [(0, "mt_bench"), (2, "mt_bench"), (4, "rag"), (5, "rag")]
     plain = load_prompts(f, per_category=1)
     assert [p.category for p in plain] == ["writing", "coding", "rag"]
+
+
+def test_ab_bench_selects_chunks_and_tabulates_two_revisions(tmp_path):
+    """scripts/ab_bench.py: prompts chosen as `bench` chooses them, chunked by category, and the table's
+    tokens/s, B over A, per-round time split and same-rounds count from two revisions' results."""
+    import pandas as pd
+
+    from scripts.ab_bench import chunks, markdown, select_prompts, table
+
+    lines = [{"question_id": str(i), "category": c, "turns": [f"q{i}"]}
+             for i, c in enumerate(["a", "a", "b", "a", "b", "c"])]
+    f = tmp_path / "q.jsonl"
+    f.write_text("".join(json.dumps(x) + "\n" for x in lines), encoding="utf-8")
+    picked = select_prompts(f, "a,b", 2)
+    assert [q["question_id"] for q in picked] == ["0", "1", "2", "4"]
+    assert [[q["question_id"] for q in c] for c in chunks(picked, "category")] == [["0", "1"], ["2", "4"]]
+    assert len(chunks(picked, "prompt")) == 4 and len(chunks(picked, "all")) == 1
+
+    def rows(rev: str, wall: float, verify: float) -> list[dict]:
+        return [{"method": "single:x", "question_id": q, "new_tokens": 64, "wall_s": wall, "target_calls": 32,
+                 "draft_s": 0.032, "verify_s": verify, "overhead_s": 0.064, "rev": rev} for q in ("1", "2")]
+
+    results = pd.DataFrame(rows("A", 4.0, 2.4) + rows("B", 3.2, 1.6))
+    t = table(results, {"single:x": (2, 2)}, ("A", "B"))
+    row = t.iloc[0]
+    assert row["A tok/s"] == 16.0 and row["B tok/s"] == 20.0 and row["B/A"] == 1.25
+    assert row["A verify ms/round"] == 75.0 and row["B verify ms/round"] == 50.0 and row["A draft ms/round"] == 1.0
+    assert row["same rounds"] == "2 of 2"
+    assert "| single:x | 16.00 | 64 | 1.00 | 75.00 | 2.00 | 20.00 |" in markdown(t)
