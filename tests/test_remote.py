@@ -181,31 +181,41 @@ def test_a_dead_process_of_a_pool_is_replaced_and_its_runs_are_told(bundle, pool
     assert not pool.gone and all(not p.gone for p in pool.processes)
 
 
-def test_a_message_that_does_not_unpickle_ends_its_run_only(bundle, remote):
-    """A run whose event cannot be read in the server (here: a class the server does not have) ends with a
-    message; another run in the same process gets its solo output, and the process serves on."""
-    import pickle
+def _cannot_be_read() -> None:
+    raise AttributeError("Can't get attribute 'Gone' on <module 'metasd.core.events'>")
 
-    loads = pickle.loads
-    bad_rid = []
 
-    def flaky(data, *a, **k):
-        item = loads(data, *a, **k)
-        if bad_rid and isinstance(item, RoundEvent) and item.round == 2 and not bad_rid[1:]:
-            bad_rid.append(1)
-            raise AttributeError("Can't get attribute 'Gone' on <module 'metasd.core.events'>")
-        return item
+class _Unreadable:
+    """Pickles in the rounds' process; unpickling it in the server raises (as a class the server lacks would)."""
 
-    long = {"chat_template": False, "max_new_tokens": 60, "temperature": 0.0, "policy": "metasd-ucb"}
-    bad_rid.append(0)
-    with mock.patch("metasd.core.remote.pickle.loads", side_effect=flaky):
-        bad = remote.submit(Job(_prompts(1)[0], None, long), threading.Event())
+    def __reduce__(self):
+        return _cannot_be_read, ()
+
+
+def test_a_message_that_does_not_unpickle_ends_its_run_only(bundle):
+    """A run whose second round's event cannot be read in the server ends with a message; another run in the same
+    process gets its solo output, and the process serves on."""
+    from metasd.core.engine import Request
+
+    emit = Request.emit
+
+    def unreadable_second_round(self, r, clock):
+        ev = emit(self, r, clock)
+        return _Unreadable() if ev.round == 2 and self.budget > 100 else ev
+
+    long = {"chat_template": False, "max_new_tokens": 150, "temperature": 0.0, "policy": "metasd-ucb"}
+    with mock.patch.object(Request, "emit", unreadable_second_round):  # in the child too: it is forked here
+        proc = RoundsProcess(bundle, Rounds(bundle.target, max_batch=4, idle_s=5.0, share=True, crowd_threads=1))
+    try:
+        bad = proc.submit(Job(_prompts(1)[0], None, long), threading.Event())
         with pytest.raises(RuntimeError, match="could not be read"):
             list(bad)
-    job = Job(_prompts(3)[2], None, _settings(2, 0.0))
-    assert _emitted(remote.submit(job, threading.Event())) == _emitted(generate(bundle, _prompts(3)[2],
-                                                                                  **_settings(2, 0.0)))
-    assert not remote.gone
+        job = Job(_prompts(3)[2], None, _settings(2, 0.0))
+        solo = _emitted(generate(bundle, _prompts(3)[2], **_settings(2, 0.0)))
+        assert _emitted(proc.submit(job, threading.Event())) == solo
+        assert not proc.gone
+    finally:
+        proc.close()
 
 
 class _Beside:

@@ -139,26 +139,30 @@ class RoundsProcess:
     def _read(self) -> None:
         while True:
             try:
-                rid, together, data = self._events.recv()  # ints and bytes: always readable
+                rid, together = self._events.recv()  # two ints: always readable
             except (EOFError, OSError):
                 break
-            except Exception:  # noqa: BLE001  (a frame that is not ours: the pipe's framing is lost with it)
+            except Exception:  # noqa: BLE001  (not our header: the pipe can no longer be read in step)
                 log.exception("shared rounds: an unreadable message from the rounds' process; it is restarted")
                 self._proc.kill()
                 break
-            self.together = together
-            self.most = max(self.most, together)
-            box = self._queues.get(rid)
-            if box is None:
-                continue
             try:
-                item = pickle.loads(data)
+                item = self._events.recv()  # the run's item, a message of its own
+            except (EOFError, OSError):
+                break
             except Exception as e:  # noqa: BLE001  (one run's message that does not unpickle ends that run only)
                 log.warning("shared rounds: run %d's message could not be read (%s: %s); that run ends", rid,
                             type(e).__name__, e)
                 item = RuntimeError(f"a message of this run could not be read ({type(e).__name__})")
-                self._queues.pop(rid, None)
-            box.put(item)
+                box = self._queues.pop(rid, None)
+                if box is not None:
+                    box.put(item)
+                continue
+            self.together = together
+            self.most = max(self.most, together)
+            box = self._queues.get(rid)
+            if box is not None:
+                box.put(item)
         self._proc.join(5)
         if self._closing:
             self.gone = "the shared rounds were closed"
@@ -299,8 +303,9 @@ def _serve(bundle: Any, rounds: Rounds, cmds: Any, events: Any, servers_ends: li
         except Exception:  # noqa: BLE001  (an error that does not pickle still reaches its run, as text)
             data = pickle.dumps(RuntimeError(f"{type(item).__name__}: {item}"))
         try:
-            with lock:  # the item pickled apart: a message the server cannot read still names its run
-                events.send((rid, rounds.together, data))
+            with lock:  # a header, then the item as a message of its own: one the server cannot read names its run
+                events.send((rid, rounds.together))
+                events.send_bytes(data)
         except OSError:  # the server is gone: the main thread sees it too and ends
             pass
 
