@@ -23,8 +23,8 @@ import gradio as gr  # noqa: E402
 import torch  # noqa: E402
 
 from metasd.core.validation import UPLOAD_MAX_BYTES  # noqa: E402
+from metasd.decoding.loading import cache_root  # noqa: E402
 from metasd.drafting.registry import load_plugins  # noqa: E402
-from metasd.models.loading import cache_root  # noqa: E402
 from metasd.ui.bundles import WAIT_IN_REQUESTS, default_preset, get_bundle, page_drafters, start_loading  # noqa: E402
 from metasd.ui.compare import cancel_compare  # noqa: E402
 from metasd.ui.config import (  # noqa: E402
@@ -142,7 +142,7 @@ def main(argv: list[str] | None = None) -> None:
     if not HAS_CUDA:
         # The main thread stays out of torch's thread pools: loading with one thread leaves no OpenMP team
         # behind it, and each generation's worker then gets its threads without contention
-        # (metasd.core.streaming.in_fresh_thread).
+        # (metasd.serving.streaming.in_fresh_thread).
         torch.set_num_threads(1)
     load_plugins(os.environ.get("METASD_PLUGINS"))  # a plugin that fails stops the start before any model loads
     if BATCH or HOSTED or not WAIT_IN_REQUESTS:

@@ -9,12 +9,12 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 _HOME = {
-    "generate": "metasd.core.engine", "run": "metasd.core.engine", "target_greedy": "metasd.core.engine",
+    "generate": "metasd.decoding.engine", "run": "metasd.decoding.engine", "target_greedy": "metasd.decoding.engine",
     "RoundEvent": "metasd.core.events", "Summary": "metasd.core.events",
     "InvalidInput": "metasd.core.validation",
     "Draft": "metasd.drafting.drafters", "Drafter": "metasd.drafting.drafters", "Verified": "metasd.drafting.drafters",
     "load_plugins": "metasd.drafting.registry", "register_drafter": "metasd.drafting.registry",
-    "Bundle": "metasd.models.loading", "load_bundle": "metasd.models.loading",
+    "Bundle": "metasd.decoding.loading", "load_bundle": "metasd.decoding.loading",
     "DEFAULT_PRESET": "metasd.models.presets", "PRESETS": "metasd.models.presets",
 }
 
@@ -32,12 +32,12 @@ def __dir__() -> list[str]:
 
 
 if TYPE_CHECKING:  # for type checkers and editors: the same names, imported eagerly
-    from metasd.core.engine import generate, run, target_greedy
     from metasd.core.events import RoundEvent, Summary
     from metasd.core.validation import InvalidInput
+    from metasd.decoding.engine import generate, run, target_greedy
+    from metasd.decoding.loading import Bundle, load_bundle
     from metasd.drafting.drafters import Draft, Drafter, Verified
     from metasd.drafting.registry import load_plugins, register_drafter
-    from metasd.models.loading import Bundle, load_bundle
     from metasd.models.presets import DEFAULT_PRESET, PRESETS
 
 __all__ = ["generate", "run", "target_greedy", "RoundEvent", "Summary", "Bundle", "load_bundle",

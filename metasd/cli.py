@@ -79,8 +79,8 @@ def precheck_generate(a: argparse.Namespace) -> None:
 
 def cmd_generate(a: argparse.Namespace) -> int:
     precheck_generate(a)
-    from metasd.core.engine import generate
-    from metasd.models.loading import load_bundle
+    from metasd.decoding.engine import generate
+    from metasd.decoding.loading import load_bundle
 
     bundle = load_bundle(a.preset, device=a.device, dtype=a.dtype)
     events = generate(
@@ -119,7 +119,7 @@ def json_document(a: argparse.Namespace, bundle: Any, rounds: list[Any], summary
     """`generate --json`'s one object: a run file, the --json contract plus what `replay` needs
     (metasd.core.runfile). A new field of the output goes here."""
     # Deferred on purpose: the view module pulls in plotly, which only --json's colours need.
-    from metasd.core.lanes import lanes_for
+    from metasd.decoding.lanes import lanes_for
     from metasd.ui.viz import drafter_colors
 
     return run_document(a.prompt, rounds, summary, preset=bundle.preset.name, target=bundle.preset.target,
@@ -148,11 +148,11 @@ def cmd_drafters(a: argparse.Namespace) -> int:
     """The preset's drafters from its spec and weight files (no model is loaded unless --measure), then the
     registered ones."""
     preset = get_preset(a.preset)
-    from metasd.drafting.catalog import describe, measure_costs, save_costs
+    from metasd.decoding.catalog import describe, measure_costs, save_costs
 
     costs = None
     if a.measure:
-        from metasd.models.loading import load_bundle
+        from metasd.decoding.loading import load_bundle
 
         bundle = load_bundle(preset)
         costs, detail = measure_costs(bundle, list(bundle.specs), progress=lambda m: print(m, file=sys.stderr))

@@ -113,7 +113,7 @@ def answer(bundle, prompts: list[str], max_new_tokens: int, batch_size: int, des
     from torch.nn.utils.rnn import pad_sequence
     from tqdm import tqdm
 
-    from metasd.core.engine import encode_prompt
+    from metasd.decoding.engine import encode_prompt
 
     enc = [encode_prompt(bundle, p, True) for p in prompts]
     order = sorted(range(len(enc)), key=lambda i: len(enc[i]))
@@ -197,7 +197,7 @@ def main(argv: list[str] | None = None) -> int:
 
     import torch
 
-    from metasd.models.loading import load_bundle
+    from metasd.decoding.loading import load_bundle
 
     torch.set_num_threads(a.threads)
     t0 = time.perf_counter()

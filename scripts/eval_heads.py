@@ -21,8 +21,8 @@ from pathlib import Path
 import torch
 
 from metasd.core.validation import first_per_category, parse_prompt_set
+from metasd.decoding.loading import load_bundle
 from metasd.drafting.whitebox import load_head
-from metasd.models.loading import load_bundle
 from metasd.training.train import answer_examples, encode_chat
 from metasd.training.train_whitebox import evaluate, with_features
 

@@ -154,7 +154,7 @@ def the_bundle(preset: str, device: str | None) -> Any:
         from metasd.ui.bundles import get_bundle
 
         return get_bundle("offline")
-    from metasd.models.loading import load_bundle
+    from metasd.decoding.loading import load_bundle
 
     return load_bundle(preset, device=device)
 
@@ -164,8 +164,8 @@ def solo_answers(prompts: list[str], n: int, preset: str = "offline", device: st
     server's passes are unblocked; where they run in blocks of rows (a GPU's, or a CPU's fallback), from the shared
     rounds' blocked pass holding that request alone (the computation the server's page runs take, alone or in
     company: docs/DESIGN.md §7), so that "answers = solo" shows what company does."""
-    from metasd.core.batch import Rounds
-    from metasd.core.engine import collect, generate, prepare, steps
+    from metasd.decoding.engine import collect, generate, prepare, steps
+    from metasd.serving.batch import Rounds
     from metasd.ui.config import PAGE_POLICY
 
     bundle = the_bundle(preset, device)
@@ -187,7 +187,7 @@ def server_block(bundle: Any) -> int | None:
     """The rows per row-wise call the server's shared passes take on this machine (start_rounds' choice), said
     on stderr: 0 (any: the target is row-invariant), the operator's or a GPU's $METASD_PASS_BLOCK, or the CPU's
     fallback, the smallest block that gives a row the same bits in any company."""
-    from metasd.core.batch import pass_block
+    from metasd.serving.batch import pass_block
     from metasd.ui.config import PASS_BLOCK
 
     block = pass_block(bundle.target, asked=PASS_BLOCK)
@@ -264,9 +264,9 @@ def engine_only(users: int, prompts: list[str], solo: dict, a: argparse.Namespac
     threads submitting at the same moment, no web server, no frames (what the server adds is the gap)."""
     import torch
 
-    from metasd.core.batch import Rounds
-    from metasd.core.engine import prepare, steps
-    from metasd.core.prefix import PrefixStore
+    from metasd.decoding.engine import prepare, steps
+    from metasd.decoding.prefix import PrefixStore
+    from metasd.serving.batch import Rounds
     from metasd.ui.config import PAGE_POLICY, PREFIX_MB
 
     bundle = the_bundle(a.preset, a.device)

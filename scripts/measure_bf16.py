@@ -1,4 +1,4 @@
-"""How far bfloat16 moves greedy outputs, on the offline preset (docs/DESIGN.md §5; metasd/core/numerics.py).
+"""How far bfloat16 moves greedy outputs, on the offline preset (docs/DESIGN.md §5; metasd/decoding/numerics.py).
 
 For each prompt, three greedy outputs of the same length:
 
@@ -31,9 +31,9 @@ from tqdm import tqdm
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from metasd.core.engine import encode_prompt, run, target_greedy  # noqa: E402
-from metasd.core.numerics import NEAR_TIE, Divergence, first_divergence  # noqa: E402
-from metasd.models.loading import Bundle, load_bundle  # noqa: E402
+from metasd.decoding.engine import encode_prompt, run, target_greedy  # noqa: E402
+from metasd.decoding.loading import Bundle, load_bundle  # noqa: E402
+from metasd.decoding.numerics import NEAR_TIE, Divergence, first_divergence  # noqa: E402
 
 PAIRS = (("ours", "target_bf16"), ("target_bf16", "target_fp32"), ("ours", "target_fp32"))
 

@@ -23,8 +23,8 @@ def main() -> None:
     a = ap.parse_args()
     import torch
 
-    from metasd.core import engine, lanes
-    from metasd.core.engine import run
+    from metasd.decoding import engine, lanes
+    from metasd.decoding.engine import run
     from metasd.ui.bundles import get_bundle
     from metasd.ui.config import EXAMPLES, PAGE_POLICY, TORCH_THREADS
 

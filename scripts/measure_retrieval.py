@@ -30,7 +30,7 @@ WITH, WITHOUT = "+retrieval", "-retrieval"
 
 
 def arms_by_name(run):
-    """bench's `run` (metasd.core.engine.run), reading a policy named `<policy>+retrieval` or `<policy>-retrieval`
+    """bench's `run` (metasd.decoding.engine.run), reading a policy named `<policy>+retrieval` or `<policy>-retrieval`
     as that policy over the preset's default arms with or without the retrieval drafter."""
 
     def wrapped(bundle, prompt, *, policy: str = "metasd-ucb", drafters=None, **kwargs):
@@ -67,8 +67,8 @@ def main(argv: list[str] | None = None) -> int:
     import transformers
 
     from metasd.benchmark import bench
+    from metasd.decoding.loading import load_bundle
     from metasd.drafting.retrieval import datastore_for, register
-    from metasd.models.loading import load_bundle
 
     torch.set_num_threads(a.threads)
     transformers.logging.set_verbosity_error()

@@ -41,7 +41,7 @@ PROMPTS = {  # the page's opening example first, then other kinds of prompt from
 
 def via_engine(bundle, prompt: str, n: int, policy: str, threads: tuple[int, int] | None = None) -> dict:
     """The engine alone in this process's main thread; with `threads` = (prefill, rounds), torch's threads as
-    the page's worker sets them (metasd.core.streaming.EngineStream), else torch's default threads (as the CLI)."""
+    the page's worker sets them (metasd.serving.streaming.EngineStream), else torch's default threads (as the CLI)."""
     import torch
 
     if threads:
@@ -106,7 +106,7 @@ def tiny_frames(max_new_tokens: int = 400) -> str:
     """The app's frame loop (EngineStream + LiveView) on a tiny random model: rounds of a few ms."""
     import threading
 
-    from metasd.core.streaming import EngineStream
+    from metasd.serving.streaming import EngineStream
     from metasd.ui import viz
     from tests.tiny import tiny_bundle
 

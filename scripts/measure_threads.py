@@ -1,6 +1,6 @@
 """Where torch's threads pay on this CPU: the engine on the main thread or in a worker thread, 1 or 2 threads.
 
-The page runs every generation in a worker thread (metasd.core.streaming), the CLI and `bench` on the main
+The page runs every generation in a worker thread (metasd.serving.streaming), the CLI and `bench` on the main
 thread. Each configuration runs in a fresh process (OpenMP keeps per-thread state), loads the offline
 preset on the main thread as the app does, then times the page's default policy on one example prompt,
 3 times (tokens/s each).

@@ -25,8 +25,8 @@ from transformers import DynamicCache
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from metasd.decoding.loading import load_causal_lm, offline_target_dir  # noqa: E402
 from metasd.models.cpu_linear import ENV, pack_linears  # noqa: E402
-from metasd.models.loading import load_causal_lm, offline_target_dir  # noqa: E402
 
 
 def forward_ms(model, ids: torch.Tensor, context: int, k: int) -> tuple[float, torch.Tensor]:

@@ -2,7 +2,7 @@
 
     .venv/bin/python scripts/record_runs.py [--out assets/runs] [--max-new-tokens 128]
 
-Each run is written as a run file (metasd.core.runfile), with its drafter lanes (metasd.core.lanes),
+Each run is written as a run file (metasd.core.runfile), with its drafter lanes (metasd.decoding.lanes),
 named by the example's question_id, so that `?run=<question_id>` opens it. The engine runs with the app's
 torch threading (one thread on 2 cores).
 """
@@ -27,9 +27,9 @@ def main() -> None:
     import torch
     from tqdm import tqdm
 
-    from metasd.core.engine import run
-    from metasd.core.lanes import lanes_for
     from metasd.core.runfile import run_document
+    from metasd.decoding.engine import run
+    from metasd.decoding.lanes import lanes_for
     from metasd.ui import viz
     from metasd.ui.bundles import get_bundle
     from metasd.ui.config import EXAMPLES, PAGE_POLICY, TORCH_THREADS
@@ -54,8 +54,8 @@ def main() -> None:
 
 def add_lanes(bundle, out: Path) -> None:
     """Upgrade recorded runs in place: the same rounds, plus the lanes every drafter has on their answer."""
-    from metasd.core.lanes import lanes_for
     from metasd.core.runfile import VERSION, parse_run
+    from metasd.decoding.lanes import lanes_for
 
     for path in sorted(out.glob("*.json")):
         doc = json.loads(path.read_text(encoding="utf-8"))

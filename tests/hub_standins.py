@@ -2,7 +2,7 @@
 
 Every repository a hub preset names (its target and its model drafters) gets a 2-layer Qwen2 with the real
 repository's id, tying and relative vocabulary size, written as `models--<org>--<name>/snapshots/<commit>/`
-with `refs/main` and content-addressed `blobs/`, so `metasd.models.loading.load_bundle` runs its real code path
+with `refs/main` and content-addressed `blobs/`, so `metasd.decoding.loading.load_bundle` runs its real code path
 (`from_pretrained(<hub id>)`, safetensors only) with `HF_HUB_OFFLINE=1` and `HF_HUB_CACHE` pointing here.
 
 What is kept from the real checkpoints, scaled down:
@@ -190,8 +190,8 @@ def check(max_new_tokens: int = 24) -> dict:
     """Load every hub preset as the app does (the environment must point at the stand-ins, offline) and run
     every policy and every single drafter on PROMPTS, next to `target_greedy`. Returns what the test asserts."""
     from metasd.bandits.policies import POLICIES
-    from metasd.core.engine import encode_prompt, run, target_greedy
-    from metasd.models.loading import load_bundle
+    from metasd.decoding.engine import encode_prompt, run, target_greedy
+    from metasd.decoding.loading import load_bundle
 
     report: dict = {}
     for name, preset in PRESETS.items():
@@ -226,10 +226,10 @@ def check(max_new_tokens: int = 24) -> dict:
 
 
 def shared_rounds(b, max_new_tokens: int = 16, block: int = 16) -> dict:
-    """The preset's target in shared rounds as a GPU server runs them (metasd.core.batch.Rounds, row-wise layers
+    """The preset's target in shared rounds as a GPU server runs them (metasd.serving.batch.Rounds, row-wise layers
     in calls of `block` rows): three requests at once, against each one's solo run through the engine."""
-    from metasd.core.batch import Rounds, row_invariant
-    from metasd.core.engine import collect, generate, prepare, steps
+    from metasd.decoding.engine import collect, generate, prepare, steps
+    from metasd.serving.batch import Rounds, row_invariant
 
     prompts = [*PROMPTS, "Name three colours of the rainbow."]
     kw = {"max_new_tokens": max_new_tokens, "policy": "metasd-ucb"}

@@ -9,7 +9,7 @@ from html.parser import HTMLParser
 import pytest
 from gradio_client import Client
 
-from metasd.core.engine import run
+from metasd.decoding.engine import run
 from tests.app_server import app_url  # noqa: F401  (fixture)
 
 PROMPT = "Summarize in one sentence: the bakery on Elm Street opens at seven and sells rye bread, croissants and tea."

@@ -41,7 +41,7 @@ def tokenizer():
     """The offline preset's real tokenizer where it is available (converted once), else none."""
     from transformers import AutoTokenizer
 
-    from metasd.models.loading import offline_target_dir
+    from metasd.decoding.loading import offline_target_dir
 
     path = offline_target_dir(progress=lambda m: None)
     return AutoTokenizer.from_pretrained(str(path)) if path is not None else None
@@ -242,10 +242,10 @@ def test_summary_markdown_and_files(tiny_result, tmp_path):
 
 
 def test_cli_bench_end_to_end(bundle, questions_file, tmp_path, monkeypatch, capsys):
-    import metasd.models.loading
+    import metasd.decoding.loading
     from metasd.cli import main
 
-    monkeypatch.setattr(metasd.models.loading, "load_bundle", lambda *a, **k: bundle)
+    monkeypatch.setattr(metasd.decoding.loading, "load_bundle", lambda *a, **k: bundle)
     out = tmp_path / "bench-out"
     rc = main(["bench", "--prompts", str(questions_file), "--categories", "summarization,translation",
                "--per-category", "1", "--max-new-tokens", "6", "--methods",

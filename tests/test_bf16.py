@@ -1,5 +1,5 @@
 """bf16 honesty (docs/DESIGN.md §5): where bfloat16 moves the engine's greedy output off the target's own
-greedy decoding, it is at a near-tie of the target's logits, and metasd.core.numerics says so.
+greedy decoding, it is at a near-tie of the target's logits, and metasd.decoding.numerics says so.
 
 In fp32 the outputs are identical (tests/test_greedy.py). In bf16 they may part, because verifying several
 tokens in one forward pass rounds differently from one token at a time; scripts/measure_bf16.py measured
@@ -14,9 +14,9 @@ import json
 import pytest
 import torch
 
-from metasd.core.engine import encode_prompt, run, target_greedy
-from metasd.core.numerics import NEAR_TIE, Divergence, first_divergence
-from metasd.models.loading import load_bundle
+from metasd.decoding.engine import encode_prompt, run, target_greedy
+from metasd.decoding.loading import load_bundle
+from metasd.decoding.numerics import NEAR_TIE, Divergence, first_divergence
 from tests.test_start import ROOT
 
 pytestmark = [pytest.mark.offline_model, pytest.mark.usefixtures("one_torch_thread")]

@@ -142,7 +142,7 @@ def test_page_streams_coloured_tokens_and_plots(page):
     names = [n for n in bundle.drafter_names if n in bundle.default_drafters]  # the request's arms, in colour order
     expect(legend).to_have_count(len(names))
     assert legend.evaluate_all("els => els.map(e => e.dataset.drafter)") == names
-    from metasd.drafting.catalog import kind_by_name
+    from metasd.decoding.catalog import kind_by_name
 
     # each chip: a sample, the drafter's name and its kind (model-free, self, distilled, white-box, ...)
     assert [t.split()[-2:] for t in legend.all_inner_texts()] == [[n, kind_by_name(n)] for n in names]

@@ -100,7 +100,7 @@ def test_a_lone_row_that_takes_another_kernel_is_padded_so_every_row_is_batch_in
     """Whatever CPU this runs on: packing probes each layer shape for the fewest rows a call needs to give a row
     the bits it has in company (min_rows) and pads smaller calls up to it, so the model is row-invariant and the
     shared rounds need no blocks. Without the padding the same model is not row-invariant (the probe can fail)."""
-    from metasd.core.batch import row_invariant
+    from metasd.serving.batch import row_invariant
 
     reorder, op = cpu_linear._packed_op()
     monkeypatch.setattr(cpu_linear, "_packed_op", lambda: (reorder, _lone_row_differs(op)))
@@ -126,7 +126,7 @@ def test_a_layer_no_padding_makes_invariant_is_left_unpadded_and_the_model_repor
     """A kernel whose bits depend on the number of rows at every size (as sgemm's): no min_rows helps, the layer
     is left as it was (min_rows 1) and the model reports itself not row-invariant (the shared rounds then run in
     blocks of rows, tests/test_serving.py)."""
-    from metasd.core.batch import row_invariant
+    from metasd.serving.batch import row_invariant
 
     reorder, op = cpu_linear._packed_op()
 
@@ -214,7 +214,7 @@ def test_offline_target_is_packed_and_lossless_against_the_default_kernels(offli
     plain = copy.deepcopy(reference_model)
     assert _count(plain) == 30 * 7 + 1 and plain.lm_head.weight is plain.model.embed_tokens.weight
     assert unpack_linears(plain) == 30 * 7 + 1 and _count(plain) == 0
-    from metasd.core.engine import encode_prompt
+    from metasd.decoding.engine import encode_prompt
 
     for prompt in ("Summarize: the council approved the park plan after residents asked for trees.",
                    "Write a Python function that reverses a string.", "What is 12 * 13? Show your steps."):

@@ -12,7 +12,7 @@ import torch
 from safetensors import safe_open
 
 from metasd import run, target_greedy
-from metasd.models.loading import DRAFT_VOCAB, Bundle, DraftHead, distilled_path, drafter_config_json, load_distilled
+from metasd.decoding.loading import DRAFT_VOCAB, Bundle, DraftHead, distilled_path, drafter_config_json, load_distilled
 from metasd.models.presets import DrafterSpec, Preset, get_preset
 from metasd.training.train import (
     agreement,

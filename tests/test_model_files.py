@@ -1,12 +1,12 @@
 """What the page and the conversion know before any model loads: the drafters a preset can offer here, and the
-GGUF file parsed once while the offline target is converted (metasd/models/loading.py)."""
+GGUF file parsed once while the offline target is converted (metasd/decoding/loading.py)."""
 
 from __future__ import annotations
 
 import gguf
 import numpy as np
 
-from metasd.models.loading import _gguf_parsed_once, default_drafters, drafter_names, present_specs
+from metasd.decoding.loading import _gguf_parsed_once, default_drafters, drafter_names, present_specs
 from metasd.models.presets import PRESETS, DrafterSpec, Preset
 
 

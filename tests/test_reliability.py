@@ -25,7 +25,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from transformers import DynamicCache
 
-import metasd.core.engine as engine
+import metasd.decoding.engine as engine
 from metasd.core.validation import LIMITS, PROMPT_SET_MAX_BYTES, InvalidInput, parse_prompt_set, validate_settings
 from metasd.ui import bundles as ui_bundles
 from metasd.ui import compare as ui_compare

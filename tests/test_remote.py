@@ -1,4 +1,4 @@
-"""The shared rounds in a process of their own (metasd.core.remote): each run's output is its solo output,
+"""The shared rounds in a process of their own (metasd.serving.remote): each run's output is its solo output,
 a Stop and a closed stream end a run there and leave the others alone, a run's error reaches it, and a child
 that dies fails its runs with a message instead of leaving them waiting."""
 
@@ -16,12 +16,12 @@ import psutil
 import pytest
 import torch
 
-from metasd.core.batch import Rounds
-from metasd.core.engine import collect, generate
 from metasd.core.events import RoundEvent, Summary
-from metasd.core.remote import EngineGone, Job, RoundsPool, RoundsProcess
 from metasd.core.validation import InvalidInput
+from metasd.decoding.engine import collect, generate
 from metasd.models.cpu_linear import pack_linears
+from metasd.serving.batch import Rounds
+from metasd.serving.remote import EngineGone, Job, RoundsPool, RoundsProcess
 from tests.tiny import tiny_bundle
 
 VOCAB = 64
@@ -121,8 +121,8 @@ def test_the_rounds_process_ends_when_its_server_is_killed(tmp_path):
     script = tmp_path / "server.py"
     script.write_text(
         "import sys, time\n"
-        "from metasd.core.batch import Rounds\n"
-        "from metasd.core.remote import RoundsPool\n"
+        "from metasd.serving.batch import Rounds\n"
+        "from metasd.serving.remote import RoundsPool\n"
         "from tests.tiny import tiny_bundle\n"
         "b = tiny_bundle(vocab=64)\n"
         "r = RoundsPool(b, Rounds(b.target, max_batch=2, share=True), 2)\n"
@@ -195,7 +195,7 @@ class _Unreadable:
 def test_a_message_that_does_not_unpickle_ends_its_run_only(bundle):
     """A run whose second round's event cannot be read in the server ends with a message; another run in the same
     process gets its solo output, and the process serves on."""
-    from metasd.core.engine import Request
+    from metasd.decoding.engine import Request
 
     emit = Request.emit
 

@@ -12,9 +12,9 @@ from types import SimpleNamespace
 
 import pytest
 
-from metasd.core.engine import run
 from metasd.core.runfile import FORMAT, MAX_BYTES, parse_run, run_document
 from metasd.core.validation import InvalidInput
+from metasd.decoding.engine import run
 from metasd.ui import viz
 from tests.tiny import tiny_bundle
 

@@ -9,8 +9,8 @@ import pytest
 import torch
 
 from metasd import run, target_greedy
-from metasd.core.engine import encode_prompt, scaffold_positions
 from metasd.core.sampling import Sampling
+from metasd.decoding.engine import encode_prompt, scaffold_positions
 from metasd.drafting.registry import register_drafter, unregister_drafter
 from metasd.drafting.retrieval import SEPARATOR, Datastore, RetrievalDrafter, datastore_for, load_datastore
 

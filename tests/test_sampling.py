@@ -140,7 +140,7 @@ def test_metasd_tree_output_distribution_equals_target_with_trees_three_deep(ful
     round. As the policy sizes them, and with every awake arm at its full depth."""
     import sys
 
-    from metasd.core import tree_round
+    from metasd.decoding import tree_round
     from tests.test_tree import _full_trees
 
     if full:

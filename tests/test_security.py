@@ -26,7 +26,7 @@ def get_file(base: str, path: str) -> httpx.Response:
 @pytest.mark.offline_model
 @pytest.mark.timeout(180)
 def test_files_are_served_only_from_the_apps_temp_dir(app_url):  # noqa: F811
-    from metasd.models.loading import offline_target_dir
+    from metasd.decoding.loading import offline_target_dir
     from metasd.ui.files import TMP
 
     own = TMP / "metasd-run-0123456789abcdef0123456789abcdef.csv"
@@ -108,7 +108,7 @@ def test_the_api_cannot_load_a_model_by_name_or_path(app_url):  # noqa: F811
 def test_models_load_from_safetensors_without_remote_code():
     import torch
 
-    from metasd.models import loading as models
+    from metasd.decoding import loading as models
 
     with mock.patch.object(models.AutoModelForCausalLM, "from_pretrained") as fp:
         models.load_causal_lm("some/preset-model", torch.device("cpu"), torch.float32)

@@ -15,10 +15,11 @@ import pytest
 import torch
 from transformers import DynamicCache
 
-from metasd.core.batch import PassCost, Rounds, VerifyPart, measure_pass_cost, row_invariant, verify_together
-from metasd.core.engine import collect, generate, prepare, steps
-from metasd.core.streaming import FairSlots
+from metasd.core.passes import VerifyPart
+from metasd.decoding.engine import collect, generate, prepare, steps
 from metasd.models.cpu_linear import pack_linears
+from metasd.serving.batch import PassCost, Rounds, measure_pass_cost, row_invariant, verify_together
+from metasd.serving.streaming import FairSlots
 from metasd.ui import generate as ui_generate
 from metasd.ui import playground as ui_playground
 from metasd.ui import session as ui_session
@@ -94,7 +95,7 @@ def test_a_reader_that_is_gone_loses_its_place():
 
 def test_session_reader_gives_up_after_unread_messages():
     unread = {"s": 0}
-    with mock.patch.object(ui_session, "_unread", lambda key: unread.get(key)):
+    with mock.patch.object(ui_session.STREAMS, "unread", lambda key: unread.get(key)):
         r = ui_session.SessionReader("s", patience_s=0.2)
         assert r()
         unread["s"] = 3  # messages pile up unread
@@ -110,7 +111,7 @@ def test_session_reader_keeps_a_reader_that_lags_behind_a_busy_server():
     """A loaded server sends a stream's messages late: a reader one message behind, or whose backlog goes up
     and down, still reads; only a backlog that never shrinks is a reader gone."""
     unread = {"s": 1}
-    with mock.patch.object(ui_session, "_unread", lambda key: unread.get(key)):
+    with mock.patch.object(ui_session.STREAMS, "unread", lambda key: unread.get(key)):
         r = ui_session.SessionReader("s", patience_s=0.2)
         for n in (1, 1, 2, 1, 3, 2, 1, 1):  # one behind, or catching up: over four times the patience
             unread["s"] = n
@@ -192,7 +193,7 @@ def test_a_new_run_replaces_the_sessions_previous_one(page_offline, model_busy):
 
 
 def test_an_unread_stream_loses_its_place(page_offline, model_busy, caplog):
-    with mock.patch.object(ui_session, "_unread", lambda key: 5 if key == "gone" else None), \
+    with mock.patch.object(ui_session.STREAMS, "unread", lambda key: 5 if key == "gone" else None), \
             mock.patch.object(ui_session, "READ_PATIENCE_S", 0.5), caplog.at_level(logging.WARNING, ui_generate.log.name):
         t0 = time.perf_counter()
         frames = list(generate_view(PROMPT, "offline", max_new_tokens=8, request=req("gone")))
@@ -205,7 +206,7 @@ def test_a_running_stream_nobody_reads_is_stopped_and_told_why(page_offline, cap
     """A run whose unread backlog only grows stops within the patience, says why (not "you pressed Stop"),
     and the server's log says so."""
     backlog = iter(range(2, 10**6))
-    with mock.patch.object(ui_session, "_unread", lambda key: next(backlog) if key == "slow" else None), \
+    with mock.patch.object(ui_session.STREAMS, "unread", lambda key: next(backlog) if key == "slow" else None), \
             mock.patch.object(ui_session, "READ_PATIENCE_S", 0.3), caplog.at_level(logging.WARNING, ui_generate.log.name):
         frames = list(generate_view(PROMPT, "offline", max_new_tokens=512, request=req("slow")))
     last = status_of(frames[-1])
@@ -287,8 +288,8 @@ def test_blocked_rounds_as_on_a_gpu_give_each_request_its_solo_output(temperatur
     """Batch-invariant blocking, as a GPU's shared rounds run: every pass's row-wise layers in calls of exactly 8
     rows, a request alone included (it never takes the engine's own pass, so its bits never depend on company).
     Each request's every round equals its solo run through the engine, where no blocking happens."""
-    from metasd.core.batch import rowwise
-    from metasd.core.engine import Request
+    from metasd.decoding.engine import Request
+    from metasd.serving.batch import rowwise
 
     bundle = tiny_bundle(vocab=64)
     assert pack_linears(bundle.target) > 0 and row_invariant(bundle.target, block=8)
@@ -358,9 +359,9 @@ def test_batched_rounds_give_each_request_its_solo_output_tiny(temperature, poli
 
 @pytest.mark.parametrize("temperature", [0.0, 1.0])
 def test_a_class_on_the_same_prompts_reads_each_prompt_once_and_gets_its_solo_outputs(temperature):
-    """Requests that join others with a prompt already read take its kept pass (metasd.core.prefix) instead of
+    """Requests that join others with a prompt already read take its kept pass (metasd.decoding.prefix) instead of
     their own: outputs, greedy and sampled, are each request's solo output; a request alone reads its prompt."""
-    from metasd.core.prefix import PrefixStore
+    from metasd.decoding.prefix import PrefixStore
 
     bundle = tiny_bundle(vocab=64)
     pack_linears(bundle.target)
@@ -460,7 +461,8 @@ def test_a_distilled_drafters_shared_forward_is_bitwise_its_own_on_the_offline_m
     """The offline preset's distilled drafters (one layer, the target's head restricted to a draft vocabulary,
     packed): forwards of three requests in one pass, a catch-up of several ids with one kept row among them,
     give each the bits of its own forward, at windowed positions too."""
-    from metasd.core.batch import DraftPart, forward_alone, supports
+    from metasd.core.passes import DraftPart, forward_alone
+    from metasd.serving.batch import supports
 
     model = get_bundle("offline").models["code-drafter"]
     assert supports(model) and row_invariant(model)
@@ -490,7 +492,7 @@ def _keep(req) -> int:
 
 
 def test_kept_prompt_passes_are_bounded_in_bytes_oldest_first():
-    from metasd.core.prefix import PrefixStore
+    from metasd.decoding.prefix import PrefixStore
 
     bundle = tiny_bundle(vocab=64)
     one = prepare(bundle, list(range(1, 40)), chat_template=False, max_new_tokens=4)
@@ -655,13 +657,13 @@ def test_page_runs_share_rounds_and_get_their_solo_answers(page_offline):
     slots = MODEL.slots
     line = ui_generate.start_rounds(bundle)
     try:
-        assert "shared rounds in process" in line and "up to" in line and ui_generate.ROUNDS is not None
+        assert "shared rounds in process" in line and "up to" in line and ui_generate.SHARED.now is not None
         # The preset's drafter models were probed at start-up, so the class's first rounds never wait for it.
         assert "drafting together: layer-skip, code-drafter, math-drafter, chat-drafter" in line, line
-        with mock.patch("metasd.core.batch.row_invariant", side_effect=AssertionError("probed on a class's path")):
+        with mock.patch("metasd.serving.batch.row_invariant", side_effect=AssertionError("probed on a class's path")):
             assert _page_runs_at_once(prompts, 12, "class") == solo
         if MODEL.slots >= len(prompts):
-            assert ui_generate.ROUNDS.most >= 2, "the runs never shared a pass"
+            assert ui_generate.SHARED.now.most >= 2, "the runs never shared a pass"
     finally:
         ui_generate.stop_rounds()
         MODEL.resize(slots)
@@ -703,10 +705,10 @@ def test_a_gpu_servers_rounds_in_its_own_process_in_blocks_give_page_runs_their_
     line = ui_generate.start_rounds(bundle, process=0)
     try:
         assert "in this process (row-wise layers in blocks of 16 rows)" in line, line
-        assert isinstance(ui_generate.ROUNDS, Rounds) and ui_generate.ROUNDS.block == 16
+        assert isinstance(ui_generate.SHARED.now, Rounds) and ui_generate.SHARED.now.block == 16
         assert _page_runs_at_once(prompts, 10, "gpu") == solo
         if MODEL.slots >= len(prompts):
-            assert ui_generate.ROUNDS.most >= 2, "the runs never shared a pass"
+            assert ui_generate.SHARED.now.most >= 2, "the runs never shared a pass"
     finally:
         ui_generate.stop_rounds()
         MODEL.resize(slots)

@@ -1,4 +1,4 @@
-"""metasd.core.streaming (the engine in its own worker, handed over in frames) and viz.LiveView, on tiny models.
+"""metasd.serving.streaming (the engine in its own worker, handed over in frames) and viz.LiveView, on tiny models.
 
 No timing asserts: a fast engine must produce fewer frames than rounds, the last frame must be the
 whole run, a stop mid-burst must end cleanly, and a failure in the worker reaches only its viewer.
@@ -10,9 +10,9 @@ import threading
 
 import pytest
 
-from metasd.core.engine import generate, run
 from metasd.core.events import RoundEvent, Summary
-from metasd.core.streaming import EngineStream, FrameBudget
+from metasd.decoding.engine import generate, run
+from metasd.serving.streaming import EngineStream, FrameBudget
 from metasd.ui import viz
 from tests.tiny import tiny_bundle
 
@@ -225,7 +225,7 @@ def test_the_servers_frame_budget_is_shared_by_its_open_streams(bundle):
 
 
 def test_fair_slots_serve_first_come_first_served():
-    from metasd.core.streaming import FairSlots
+    from metasd.serving.streaming import FairSlots
 
     slots = FairSlots(1)
     order: list[str] = []
@@ -281,7 +281,7 @@ def test_target_alone_is_timed_with_the_engine_workers_threading(bundle, monkeyp
     exactly as the engine's worker does, and give the target's own greedy answer."""
     import torch
 
-    from metasd.core.engine import target_greedy
+    from metasd.decoding.engine import target_greedy
     from metasd.ui import bundles
 
     monkeypatch.setattr(bundles, "HAS_CUDA", False)
@@ -306,7 +306,7 @@ def test_in_fresh_thread_returns_raises_and_keeps_the_callers_threads():
     """Model work on a CPU runs in a thread that ends with it (no OpenMP team outlives its request)."""
     import torch
 
-    from metasd.core.streaming import in_fresh_thread
+    from metasd.serving.streaming import in_fresh_thread
 
     before = torch.get_num_threads()
     seen = in_fresh_thread(lambda: (threading.current_thread().name, torch.get_num_threads()), threads=1, name="w")

@@ -88,7 +88,7 @@ def closure(graph: dict[str, frozenset[str]], start: str) -> set[str]:
 def test_cycle_finder_finds_a_planted_circle():
     """The check below can fail: a circle planted in a copy of the real graph is found."""
     graph = dict(import_graph())
-    graph["metasd.models.presets"] = graph["metasd.models.presets"] | {"metasd.models.loading"}
+    graph["metasd.models.presets"] = graph["metasd.models.presets"] | {"metasd.decoding.loading"}
     cycle = find_cycle(graph)
     assert cycle is not None and "metasd.models.presets" in cycle and cycle[0] == cycle[-1], cycle
 
@@ -110,12 +110,75 @@ def test_no_import_circles():
     assert cycle is None, f"import circle: {' -> '.join(cycle)}"
 
 
+# The packages, lowest first (docs/DESIGN.md §2): a module imports only from its own package and from packages of
+# a lower layer; the three applications of layer 7 do not import one another.
+LAYERS = {
+    "metasd.paths": 0,
+    "metasd.bandits": 1,  # policies, priors, the playground's simulated arms: no models
+    "metasd.core": 2,  # the vocabulary: settings, validation, sampling, events, run files, costs, pass messages
+    "metasd.models": 3,  # presets, CPU linear packing, ZeroGPU durations
+    "metasd.drafting": 4,  # the drafters, their registry and files
+    "metasd.decoding": 5,  # loading a preset into a Bundle, the round loop, token trees, lanes, prompts
+    "metasd.serving": 6,  # shared rounds, their processes, the engine in a worker with the waiting line
+    "metasd.benchmark": 7, "metasd.training": 7, "metasd.ui": 7,
+    "metasd.cli": 8,
+    "metasd.__main__": 9, "metasd": 9,
+}
+
+
+def package_of(module: str) -> str:
+    parts = module.split(".")
+    return ".".join(parts[:2]) if len(parts) > 2 or module in LAYERS else module
+
+
+def against_the_order(graph: dict[str, frozenset[str]]) -> list[str]:
+    """Every import of `graph` that goes up the layers or sideways into another package of the same layer."""
+    bad = []
+    for m, deps in graph.items():
+        a = package_of(m)
+        for d in deps:
+            b = package_of(d)
+            if a != b and (LAYERS[b] > LAYERS[a] or (LAYERS[b] == LAYERS[a] and a != "metasd")):
+                bad.append(f"{m} -> {d}")
+    return sorted(bad)
+
+
+def package_graph(graph: dict[str, frozenset[str]]) -> dict[str, frozenset[str]]:
+    out: dict[str, set[str]] = {}
+    for m, deps in graph.items():
+        out.setdefault(package_of(m), set()).update(package_of(d) for d in deps)
+    return {p: frozenset(ds - {p}) for p, ds in out.items()}
+
+
+def test_every_package_has_a_layer_and_imports_follow_the_order():
+    graph = import_graph()
+    assert {package_of(m) for m in graph} <= set(LAYERS), {package_of(m) for m in graph} - set(LAYERS)
+    assert against_the_order(graph) == []
+    assert find_cycle(package_graph(graph)) is None
+
+
+def test_the_order_check_finds_an_import_up_the_layers():
+    """The check above can fail: drafters importing the engine (the circle the packages once had) is reported."""
+    graph = dict(import_graph())
+    graph["metasd.drafting.drafters"] = graph["metasd.drafting.drafters"] | {"metasd.decoding.engine"}
+    assert against_the_order(graph) == ["metasd.drafting.drafters -> metasd.decoding.engine"]
+    assert find_cycle(package_graph(graph)) is not None
+
+
+def test_the_page_keeps_no_state_in_rebound_globals():
+    """metasd/ui/ holds its state in objects (the model's slots, the shared rounds' holder, the stops), never in
+    module globals rebound with `global`: a reader can find every piece of the page's state by its name."""
+    found = [f"{p.relative_to(ROOT)}:{n.lineno}" for p in sorted((PACKAGE / "ui").glob("*.py"))
+             for n in ast.walk(ast.parse(p.read_text(encoding="utf-8"))) if isinstance(n, ast.Global)]
+    assert found == []
+
+
 def test_the_view_module_sits_below_the_engine():
     """metasd/ui/viz.py is pure: nothing it imports, however indirectly, loads models, runs the engine or
     benchmarks."""
     below = closure(import_graph(), "metasd.ui.viz")
-    heavy = {"metasd.core.engine", "metasd.models.loading", "metasd.drafting.catalog", "metasd.drafting.drafters",
-             "metasd.benchmark.bench", "metasd.core.streaming"}
+    heavy = {"metasd.decoding.engine", "metasd.decoding.loading", "metasd.decoding.catalog", "metasd.drafting.drafters",
+             "metasd.benchmark.bench", "metasd.serving.streaming"}
     assert not below & heavy, sorted(below & heavy)
     assert "metasd.drafting.registry" in below  # its kind lookup
 
@@ -167,7 +230,7 @@ def test_no_function_over_60_lines():
 
 def test_one_list_of_drafter_kinds():
     """Every preset's drafter kind has a factory in the one registry, and reports a family plugins can use."""
-    import metasd.models.loading  # noqa: F401 (imports the modules that register the built-in kinds)
+    import metasd.decoding.loading  # noqa: F401 (imports the modules that register the built-in kinds)
     from metasd.drafting import registry
     from metasd.models.presets import PRESETS
 

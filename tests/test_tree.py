@@ -1,4 +1,4 @@
-"""Token-tree rounds (metasd/core/tree.py, policy metasd-tree): the tree, its mask and positions, one
+"""Token-tree rounds (metasd/decoding/tree.py, policy metasd-tree): the tree, its mask and positions, one
 pass that equals each branch's own chain pass, greedy identity, the target's distribution when
 sampling (chi-square against exact probabilities), and caches equal to a fresh prefill."""
 
@@ -15,8 +15,8 @@ from transformers import DynamicCache
 
 from metasd import run, target_greedy
 from metasd.bandits.policies import Choice, MetaSDTree
-from metasd.core import tree as T
 from metasd.core.sampling import Sampling
+from metasd.decoding import tree as T
 from metasd.drafting.drafters import ModelDrafter
 from tests.test_cache import assert_same_kv, fresh_kv
 from tests.tiny import tiny_bundle, tiny_llama
@@ -302,7 +302,7 @@ def _toy_round_distribution(p_tab: dict, arms: list[_ToyArm], depths: tuple[int,
     where the round emitted one)."""
     from types import SimpleNamespace
 
-    from metasd.core import tree_round
+    from metasd.decoding import tree_round
 
     s = Sampling(temperature=1.0)
     req = SimpleNamespace(arms=arms, pre={}, ids=[0], cache=None, s=s, g_draft=None, g_target=None,
@@ -369,7 +369,7 @@ def test_a_sampled_tree_round_emits_exactly_the_targets_distribution():
 def test_the_exact_test_fails_with_chains_ordered_by_their_drafted_lengths(monkeypatch):
     """The test above can fail: ordering the chains by the ids each drafted (as draft_tree once did) makes the
     order at a node depend on a sampled arm's own draw, and the emitted distribution is no longer the target's."""
-    from metasd.core import tree_round
+    from metasd.decoding import tree_round
 
     monkeypatch.setattr(tree_round, "branch_order", lambda t, b: -len(b.tokens))
     p_tab, arms, depths, budget = _toy_case()
@@ -501,7 +501,7 @@ def test_extra_chances_are_calibrated_against_the_target():
     """An arm whose extra candidates claim more than the target grants is trusted less next time."""
     from types import SimpleNamespace
 
-    from metasd.core import tree_round as TR
+    from metasd.decoding import tree_round as TR
 
     pol = MetaSDTree(2)
     assert pol.extra_scale(1) == 1.0
@@ -525,8 +525,8 @@ def test_a_kept_extra_candidate_is_not_read_as_the_arms_own_draft(monkeypatch):
     import dataclasses
     import json
 
-    from metasd.core import lanes
     from metasd.core.runfile import parse_run, run_document
+    from metasd.decoding import lanes
 
     _full_trees(monkeypatch)
     bundle = tiny_bundle(vocab=20, seed=1, layers=2)

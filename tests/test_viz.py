@@ -12,9 +12,9 @@ import pandas as pd
 import pytest
 
 from metasd.bandits.playground import SynthDrafter, compare, expected_speedup, expected_tokens, simulate
-from metasd.core.engine import run
 from metasd.core.events import RoundEvent
 from metasd.core.validation import first_per_category, parse_prompt_set
+from metasd.decoding.engine import run
 from metasd.ui import viz
 from tests.tiny import tiny_bundle
 

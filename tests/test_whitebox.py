@@ -12,8 +12,8 @@ import torch
 
 from metasd import run, target_greedy
 from metasd.core.sampling import Sampling
+from metasd.decoding.loading import DraftHead, distilled_path
 from metasd.drafting.whitebox import HeadConfig, WhiteBoxDrafter, build_head, load_head, read_head_info, save_head
-from metasd.models.loading import DraftHead, distilled_path
 from metasd.models.presets import get_preset
 from metasd.training.train import answer_examples, draft_vocabulary
 from metasd.training.train_whitebox import (
@@ -150,7 +150,7 @@ def test_predict_on_a_one_token_context_predicts_nothing():
 
 
 def test_measured_costs_cover_every_drafter_that_drafts():
-    from metasd.drafting.catalog import measure_costs
+    from metasd.decoding.catalog import measure_costs
 
     bundle = tiny_bundle(vocab=40, seed=7, scale=4.0, white_box=True)
     names = ["prompt-lookup", "tiny-lm", "tiny-eagle"]

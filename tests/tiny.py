@@ -7,7 +7,7 @@ import copy
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
-from metasd.models.loading import Bundle, build_drafter_models
+from metasd.decoding.loading import Bundle, build_drafter_models
 from metasd.models.presets import PROMPT_LOOKUP, TOKEN_RECYCLING, DrafterSpec, Preset
 
 
@@ -80,7 +80,7 @@ def tiny_bundle(vocab: int = 32, seed: int = 0, noise: float = 0.3, drafter_voca
 def independent_greedy(reference_model, bundle: Bundle, prompt: str, max_new_tokens: int) -> tuple[list[int], list[int]]:
     """(prompt ids, the target's own greedy continuation) from an independent copy of the target (the
     `reference_model` fixture), through the same chat template the engine uses."""
-    from metasd.core.engine import encode_prompt
+    from metasd.decoding.engine import encode_prompt
 
     ids = encode_prompt(bundle, prompt, True)
     inp = torch.tensor([ids])

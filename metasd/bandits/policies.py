@@ -40,7 +40,7 @@ class Choice:
 class Policy(ABC):
     name: str
     needs_full_info = False
-    tree = False  # True: the engine plays token-tree rounds (metasd/core/tree_round.py) and calls decide_tree
+    tree = False  # True: the engine plays token-tree rounds (metasd/decoding/tree_round.py) and calls decide_tree
 
     def __init__(self, k: int, seed: int = 0) -> None:
         if k < 1:

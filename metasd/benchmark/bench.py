@@ -44,11 +44,11 @@ from metasd.bandits.policies import POLICIES, single_drafter
 from metasd.bandits.priors import DEFAULT_WEIGHT, PRIOR_REWARDS, PRIORS_DIR, PRIORS_FORMAT
 from metasd.benchmark.args import DEFAULT_KERNELS, default_methods, method_help
 from metasd.benchmark.tables import BenchResult, summarize, summary_markdown
-from metasd.core.engine import encode_prompt, run, target_greedy
 from metasd.core.events import RoundEvent
 from metasd.core.validation import REWARDS, InvalidInput, clean_prompt, first_per_category, parse_prompt_set
+from metasd.decoding.engine import encode_prompt, run, target_greedy
+from metasd.decoding.loading import Bundle, load_bundle
 from metasd.models.cpu_linear import default_kernels, packed_count
-from metasd.models.loading import Bundle, load_bundle
 from metasd.models.presets import get_preset
 
 EXAMPLES_FILE = paths.EXAMPLES_FILE

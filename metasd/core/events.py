@@ -36,9 +36,9 @@ class RoundEvent:
     emitted_text: tuple[str, ...]  # text piece of each emitted id (may be "" mid-character)
     draft_text: tuple[str, ...]  # text piece of each drafted id, for showing rejected tokens
     # Per arm scored on this round's chunk: its acceptance probability at each emitted position (the pulled
-    # arm: its drafted positions). Feeds the drafter lanes (metasd/core/lanes.py); not in run files' rounds.
+    # arm: its drafted positions). Feeds the drafter lanes (metasd/decoding/lanes.py); not in run files' rounds.
     scores: dict[str, tuple[float, ...]] = field(default_factory=dict, compare=False)
-    # Token-tree rounds (policy metasd-tree, metasd/core/tree.py); a chain round leaves them empty.
+    # Token-tree rounds (policy metasd-tree, metasd/decoding/tree.py); a chain round leaves them empty.
     # The fields above then describe the kept path: `drafter` is the arm credited most (its branch
     # holds every accepted node), `draft` its branch.
     ids_verified: int = 0  # ids the target read in this round's pass (the root and every node)

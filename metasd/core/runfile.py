@@ -41,7 +41,7 @@ from metasd.core.validation import (
 )
 
 FORMAT = "metasd-run"
-VERSION = 2  # 2: `lanes` (metasd/core/lanes.py); version 1 files load without them
+VERSION = 2  # 2: `lanes` (metasd/decoding/lanes.py); version 1 files load without them
 MAX_BYTES = RUN_MAX_BYTES  # the bounds live in metasd.core.validation, stated once
 MAX_ROUNDS = RUN_MAX_ROUNDS
 # What the token view spends per token besides its text and its drafter's name (tags, classes, the hover
@@ -214,7 +214,7 @@ def _round(i: int, r: Any) -> RoundEvent:
 
 
 def _branch(b: Any, at: str) -> dict[str, Any]:
-    """One folded branch of a token-tree round (metasd.core.tree.other_branches), checked field by field."""
+    """One folded branch of a token-tree round (metasd.decoding.tree.other_branches), checked field by field."""
     if not isinstance(b, dict):
         raise InvalidInput(f"{at} is not an object")
     toks = _ints(b.get("tokens"), f"{at}: tokens", RUN_MAX_DRAFT)

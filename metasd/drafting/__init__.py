@@ -1,1 +1,1 @@
-"""Drafters: the interface and the built-in drafters, the registry, retrieval, white-box heads, the catalog."""
+"""Drafters: the interface and the built-in drafters, the registry, retrieval, white-box heads, their files."""

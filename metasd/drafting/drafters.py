@@ -17,7 +17,7 @@ import numpy as np
 import torch
 from transformers import DynamicCache, PreTrainedModel
 
-from metasd.core.batch import DraftPart, VerifyPart, crop_to, forward_alone, solo
+from metasd.core.passes import DraftPart, VerifyPart, crop_to, forward_alone, solo
 from metasd.core.sampling import Sampling, sample_or_argmax, warp
 from metasd.drafting.registry import register_kind
 
@@ -36,7 +36,7 @@ class Verified:
     inputs: list[int]  # what the target was fed: [ids[start - 1]] + draft
     logits: torch.Tensor  # [len(inputs), V] the target's logits at those inputs
     emitted: list[int]  # the ids appended to the context
-    # A token-tree round (metasd/core/tree.py) verified more than the chain above: every node's row. Row j
+    # A token-tree round (metasd/decoding/tree.py) verified more than the chain above: every node's row. Row j
     # of tree_logits follows tree_inputs[j] in that node's own context (its ancestors), not in a chain's.
     tree_inputs: list[int] | None = None
     tree_logits: torch.Tensor | None = None
@@ -231,7 +231,7 @@ class TokenRecycling(Drafter):
         # costs more than it can win.
         self.min_confidence = min_confidence
         # The chain's table (what `propose` and `predict` read) learns from the chain's rows only, so that the
-        # drafter replayed over a finished answer (metasd/core/lanes.py) predicts what it proposed live. The wide
+        # drafter replayed over a finished answer (metasd/decoding/lanes.py) predicts what it proposed live. The wide
         # table, for a tree's spare room, also learns from every other node of a token tree.
         self.table = np.full(vocab_size, -1, dtype=np.int64)
         self.conf = np.zeros(vocab_size, dtype=np.float32)

@@ -1,1 +1,1 @@
-"""Models: presets, loading a preset's target and drafter weights, CPU linear packing, ZeroGPU durations."""
+"""Models: presets (the only models anything loads), CPU linear packing, ZeroGPU durations."""

@@ -112,7 +112,7 @@ class PackedLinear(nn.Module):
 def min_rows_for(layer: nn.Module, tried: tuple[int, ...] = MIN_ROWS_TRIED, rows: int = 24, seed: int = 0) -> int:
     """The fewest rows a call of `layer` (a PackedLinear) must have, zero rows padding smaller calls, for every row
     to get the bits it gets in a call of `rows` rows, wherever it sits in either; 0 if none of `tried` does
-    (the model is then not batch-invariant: the shared rounds run their passes in blocks, metasd.core.batch)."""
+    (the model is then not batch-invariant: the shared rounds run their passes in blocks, metasd.serving.batch)."""
     g = torch.Generator().manual_seed(seed)
     x = torch.randn(1, rows, layer.in_features, generator=g).to(layer.weight.dtype)
     before = layer.min_rows

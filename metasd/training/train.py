@@ -33,6 +33,7 @@ from pathlib import Path
 import torch
 from transformers import LlamaForCausalLM, PreTrainedModel
 
+from metasd.decoding.loading import build_distilled, distilled_config, drafter_config_json, load_bundle, load_distilled
 from metasd.drafting.files import (
     DISTILLED_FORMAT,
     DRAFT_VOCAB,
@@ -46,7 +47,6 @@ from metasd.drafting.files import (
     save_drafter_file,
     write_card_text,
 )
-from metasd.models.loading import build_distilled, distilled_config, drafter_config_json, load_bundle, load_distilled
 from metasd.training.common import (  # noqa: F401 (answer_examples, encode_chat, text_examples: public here too)
     Example,
     answer_examples,

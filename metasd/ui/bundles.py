@@ -15,12 +15,12 @@ import gradio as gr
 import torch
 from transformers import LogitsProcessor, LogitsProcessorList
 
-from metasd.core.engine import encode_prompt, target_greedy
-from metasd.core.engine import run as engine_run
-from metasd.core.streaming import FairSlots, ThreadPlan, in_fresh_thread
 from metasd.core.validation import InvalidInput
-from metasd.models.loading import Bundle, default_drafters, drafter_names, load_bundle, present_specs, to_stderr
+from metasd.decoding.engine import encode_prompt, target_greedy
+from metasd.decoding.engine import run as engine_run
+from metasd.decoding.loading import Bundle, default_drafters, drafter_names, load_bundle, present_specs, to_stderr
 from metasd.models.presets import DEFAULT_PRESET, PRESETS, get_preset
+from metasd.serving.streaming import FairSlots, ThreadPlan, in_fresh_thread
 from metasd.ui.config import BATCH, GEN_CONCURRENCY, HAS_CUDA, MAX_WAITING, PREFILL_THREADS, TORCH_THREADS
 from metasd.ui.errors import free_memory, refused
 
@@ -223,7 +223,7 @@ class _FirstPassDone(LogitsProcessor):
 
 def measure_target(bundle: Bundle, prompt: str, n: int) -> tuple[list[int], float]:
     """The target alone, timed under the engine worker's thread plan (a fair ratio): in a thread of its own, the
-    prompt's pass with PREFILL_THREADS, every step after it with TORCH_THREADS (metasd.core.streaming)."""
+    prompt's pass with PREFILL_THREADS, every step after it with TORCH_THREADS (metasd.serving.streaming)."""
     plan = ThreadPlan() if HAS_CUDA else ThreadPlan(PREFILL_THREADS, TORCH_THREADS)
     ids = encode_prompt(bundle, prompt, True)
 

@@ -13,10 +13,7 @@ import gradio as gr
 import pandas as pd
 
 from metasd.bandits.policies import single_drafter, single_method
-from metasd.core.engine import generate
-from metasd.core.lanes import lanes_for
 from metasd.core.runfile import run_document
-from metasd.core.streaming import EngineStream, in_fresh_thread
 from metasd.core.validation import (
     COMPARE_MAX_WORK,
     PROMPT_SET_MAX_BYTES,
@@ -27,8 +24,11 @@ from metasd.core.validation import (
     number,
     parse_prompt_set,
 )
-from metasd.models.loading import Bundle
+from metasd.decoding.engine import generate
+from metasd.decoding.lanes import lanes_for
+from metasd.decoding.loading import Bundle
 from metasd.models.spaces import MAX_S
+from metasd.serving.streaming import EngineStream, in_fresh_thread
 from metasd.ui import viz
 from metasd.ui.bundles import MODEL, bundle_for, measure_target
 from metasd.ui.config import COMPARE_MAX_NEW_TOKENS, COMPARE_MAX_PROMPTS, EXAMPLES, HAS_CUDA, PREFILL_THREADS, TORCH_THREADS, gpu
@@ -89,7 +89,7 @@ def _method_runs(bundle: Bundle, prompt: str, methods: list[str], max_new_tokens
 
 
 def _lanes_of(bundle: Bundle, prompt: str, rounds: list[Any], summary: Any) -> dict[str, list[float]]:
-    """A run's drafter lanes (metasd.core.lanes), computed with the model held, in a thread of its own."""
+    """A run's drafter lanes (metasd.decoding.lanes), computed with the model held, in a thread of its own."""
     if not rounds:
         return {}
     with MODEL.hold():

@@ -41,7 +41,7 @@ ROOT, ASSETS = paths.ROOT, paths.ASSETS  # the repository (app.py, metasd/, asse
 HAS_CUDA = torch.cuda.is_available()
 # Generations that may run at once (each one holds the model): 1 on a CPU, 2 on a GPU.
 GEN_CONCURRENCY = int(os.environ.get("METASD_CONCURRENCY", "2" if HAS_CUDA else "1"))
-# Runs that may wait in the app's own line for the model (metasd.core.streaming.FairSlots): each sees its
+# Runs that may wait in the app's own line for the model (metasd.serving.streaming.FairSlots): each sees its
 # place and an estimate; one more is told that the class is full and when to come back.
 MAX_WAITING = int(os.environ.get("METASD_MAX_WAITING", "48"))
 # Generate's handlers all start at once, each waiting in the app's line and streaming its place there, so
@@ -61,7 +61,7 @@ HOSTED = bool(os.environ.get("SPACE_ID") or os.environ.get("PORT"))
 _CORES = os.cpu_count() or 2
 TORCH_THREADS = int(os.environ.get("METASD_TORCH_THREADS", "0")) or (
     max(1, _CORES // GEN_CONCURRENCY) if HOSTED else max(1, _CORES // (GEN_CONCURRENCY + 1)))
-# Rounds of many requests in one pass (metasd.core.batch): on a CPU, on where the server is hosted (a class on
+# Rounds of many requests in one pass (metasd.serving.batch): on a CPU, on where the server is hosted (a class on
 # one machine), off locally (one teacher's browser) unless $METASD_BATCH says otherwise; only where the target's
 # linear layers are row-invariant (checked at start-up). On a GPU only with $METASD_BATCH=1 (no GPU has run them
 # yet): in a thread of the server's process (fork and CUDA do not mix), every pass's row-wise layers in calls of
@@ -76,7 +76,7 @@ TORCH_THREADS = int(os.environ.get("METASD_TORCH_THREADS", "0")) or (
 ZERO_GPU = os.environ.get("SPACES_ZERO_GPU", "").lower() in ("1", "t", "true")
 BATCH = os.environ.get("METASD_BATCH", "1" if HOSTED and not HAS_CUDA else "0") == "1" and not ZERO_GPU
 PASS_BLOCK = int(os.environ.get("METASD_PASS_BLOCK", "256" if HAS_CUDA else "0"))
-# ... in processes of their own (metasd.core.remote), where torch's calls never wait for the server's event loop to
+# ... in processes of their own (metasd.serving.remote), where torch's calls never wait for the server's event loop to
 # give the interpreter lock back: $METASD_ROUNDS_PROCESS of them (default one per core; 0: in the server's process),
 # each with $METASD_CROWD_THREADS torch threads while more than one run is served (TORCH_THREADS for a run alone;
 # 0: TORCH_THREADS always). A class's pass is compute-bound on one thread and a second thread in the same process
@@ -89,7 +89,7 @@ BATCH_DRAFTS = os.environ.get("METASD_BATCH_DRAFTS", "1") == "1"
 BATCH_SLOWDOWN = float(os.environ.get("METASD_BATCH_SLOWDOWN", "12"))
 MAX_BATCH = int(os.environ.get("METASD_MAX_BATCH", "32"))
 KV_BUDGET_MB = int(os.environ.get("METASD_KV_BUDGET_MB", "4096"))
-# Prompt passes kept for the next run of the same prompt in company (metasd.core.prefix): a page example's
+# Prompt passes kept for the next run of the same prompt in company (metasd.decoding.prefix): a page example's
 # pass is 3-15 MB of keys and values on the offline preset.
 PREFIX_MB = int(os.environ.get("METASD_PREFIX_MB", "256"))
 # The prompt's prefill is one large batch, where more threads do pay: every core's share for it.
@@ -101,7 +101,7 @@ COMPARE_MAX_PROMPTS = 40 if HAS_CUDA else 21
 # FRAME_FPS times a second): redrawing the two plotly figures is most of what a browser does during a run.
 PLOT_INTERVAL_S = float(os.environ.get("METASD_PLOT_INTERVAL", "1.0"))  # 0.5 s cost a browser twice the plotly time
 FRAME_FPS = float(os.environ.get("METASD_FRAME_FPS", "8"))  # frames a second at most (the token view)
-# Frames a second for the whole server, shared by its open streams (metasd.core.streaming.FrameBudget): one
+# Frames a second for the whole server, shared by its open streams (metasd.serving.streaming.FrameBudget): one
 # stream keeps FRAME_FPS; 32 streams draw a frame each every second or so, which leaves the event loop free
 # to serve them (each frame costs it a few ms, whatever the frame carries).
 SERVER_FPS = float(os.environ.get("METASD_SERVER_FPS", "32"))

@@ -12,7 +12,7 @@ import gradio as gr
 from gradio.components.plot import PlotData
 
 from metasd.core.events import RoundEvent, Summary
-from metasd.core.lanes import live_cells
+from metasd.decoding.lanes import live_cells
 from metasd.ui import viz
 from metasd.ui.session import RunRecord
 
@@ -129,7 +129,7 @@ def final_status(s: Summary) -> str:
             f"(engine clock), stopped by {s.stop_reason}{start}")
 
 
-# ---- drafter lanes (metasd/core/lanes.py) ------------------------------------------------------
+# ---- drafter lanes (metasd/decoding/lanes.py) ------------------------------------------------------
 
 def lanes_placeholder(text: str | None = None) -> str:
     """The lanes block before there are lanes: a one-line note, or (while an answer streams) nothing at all, so

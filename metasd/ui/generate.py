@@ -14,7 +14,15 @@ import gradio as gr
 
 from metasd.bandits.policies import POLICIES, single_method
 from metasd.core import defaults
-from metasd.core.batch import (
+from metasd.core.validation import InvalidInput, clean_prompt
+from metasd.decoding.engine import encode_prompt, generate, prepare, steps
+from metasd.decoding.lanes import lanes_for
+from metasd.decoding.loading import Bundle
+from metasd.decoding.numerics import first_divergence
+from metasd.decoding.prefix import PrefixStore
+from metasd.models.presets import DEFAULT_PRESET, PRESETS
+from metasd.models.spaces import gpu_duration
+from metasd.serving.batch import (
     BLOCKS_TRIED,
     Rounds,
     check_shared_pass,
@@ -23,16 +31,8 @@ from metasd.core.batch import (
     pass_block,
     supports,
 )
-from metasd.core.engine import encode_prompt, generate, prepare, steps
-from metasd.core.lanes import lanes_for
-from metasd.core.numerics import first_divergence
-from metasd.core.prefix import PrefixStore
-from metasd.core.remote import Job, RoundsPool
-from metasd.core.streaming import EngineStream, FrameBudget, Place, Ticket, in_fresh_thread, on_event_loop
-from metasd.core.validation import InvalidInput, clean_prompt
-from metasd.models.loading import Bundle
-from metasd.models.presets import DEFAULT_PRESET, PRESETS
-from metasd.models.spaces import gpu_duration
+from metasd.serving.remote import Job, RoundsPool, SharedRounds
+from metasd.serving.streaming import EngineStream, FrameBudget, Place, Ticket, in_fresh_thread, on_event_loop
 from metasd.ui import viz
 from metasd.ui.bundles import (
     MODEL,
@@ -94,7 +94,7 @@ def generate_view(prompt: str, preset: str = DEFAULT_PRESET, drafters: list[str]
                   max_new_tokens: int = defaults.MAX_NEW_TOKENS, temperature: float = defaults.TEMPERATURE,
                   top_p: float = defaults.TOP_P, seed: int = defaults.SEED, full_info: bool = defaults.FULL_INFO,
                   cold: bool = defaults.COLD, baselines: dict | None = None, request: gr.Request = None):
-    """Stream a generation. The engine runs at full speed in its own worker (metasd.core.streaming); the page
+    """Stream a generation. The engine runs at full speed in its own worker (metasd.serving.streaming); the page
     draws the latest state at most FRAME_FPS times a second (figures and table at most every
     PLOT_INTERVAL_S) and always ends on one complete final frame. Outputs: token view, arm
     probabilities, regret, numbers, per-drafter table, the answer as plain text, the run record, the drafter
@@ -191,17 +191,18 @@ def engine_events(bundle: Bundle, text: str, drafters: list[str] | None, setting
     and each of Compare's come this way. A `timed` run (Compare's, set against the target alone timed in this
     process) reads its own prompt in the rounds, and skips them where their passes are padded into blocks
     (a GPU's): there it would be timed on another computation than the target alone."""
-    if ROUNDS is not None and bundle.target is ROUNDS.model and not (timed and ROUNDS.block):
+    rounds = SHARED.now
+    if rounds is not None and bundle.target is rounds.model and not (timed and rounds.block):
         req = prepare(bundle, text, drafters=drafters, max_new_tokens_limit=MAX_NEW_TOKENS, **settings)  # checks it
         req.timed = timed
-        return (ROUNDS.submit(Job(text, drafters, settings, MAX_NEW_TOKENS, timed), stop)
-                if isinstance(ROUNDS, RoundsPool) else _shared(req, stop))
+        return (rounds.submit(Job(text, drafters, settings, MAX_NEW_TOKENS, timed), stop)
+                if isinstance(rounds, RoundsPool) else _shared(rounds, req, stop))
     return generate(bundle, text, drafters=drafters, stop=stop, max_new_tokens_limit=MAX_NEW_TOKENS, **settings)
 
 
-# Rounds of many requests in one pass (metasd.core.batch.Rounds), where start_rounds set them up, in this process
-# or in one of their own (metasd.core.remote); else None.
-ROUNDS: Rounds | RoundsPool | None = None
+# Rounds of many requests in one pass (metasd.serving.batch.Rounds), where start_rounds set them up, in this process
+# or in processes of their own (metasd.serving.remote); SHARED.now is None otherwise.
+SHARED = SharedRounds()
 
 
 def start_rounds(bundle: Bundle, process: int = ROUNDS_PROCESS) -> str:
@@ -209,7 +210,6 @@ def start_rounds(bundle: Bundle, process: int = ROUNDS_PROCESS) -> str:
     from the pass-time cost model measured now and from the KV-cache budget; the admission slots follow it.
     With `process` > 0, the rounds run in that many processes forked now (call it before the server starts its
     threads), each run in one of them. Returns the line for the startup log."""
-    global ROUNDS
     stop_rounds()
     if not supports(bundle.target):
         return "shared rounds: off (the shared pass does not compute this target's layout)"
@@ -242,10 +242,11 @@ def start_rounds(bundle: Bundle, process: int = ROUNDS_PROCESS) -> str:
     drafters = {name: m for name, m in bundle.models.items() if hasattr(m, "model")}  # LMs, not white-box heads
     together = in_fresh_thread(lambda: [d for d, m in drafters.items() if rounds.drafts_together(m)], TORCH_THREADS,
                                name="metasd-drafter-probe")  # before the fork: the child keeps the answers
-    ROUNDS = RoundsPool(bundle, rounds, process) if process else rounds
+    SHARED.start(RoundsPool(bundle, rounds, process) if process else rounds)
+    shared = SHARED.now
     where = "in this process" + blocks
-    if isinstance(ROUNDS, RoundsPool):
-        pids = ", ".join(str(p) for p in ROUNDS.pids)
+    if isinstance(shared, RoundsPool):
+        pids = ", ".join(str(p) for p in shared.pids)
         where = (f"in process{'es' if process > 1 else ''} {pids} (each run in the one holding the fewest; "
                  f"{TORCH_THREADS} torch thread(s) for a run alone, {CROWD_THREADS or TORCH_THREADS} each while "
                  "several run)") + blocks
@@ -256,16 +257,12 @@ def start_rounds(bundle: Bundle, process: int = ROUNDS_PROCESS) -> str:
 
 def stop_rounds() -> None:
     """No shared rounds from now on (their processes end)."""
-    global ROUNDS
-    if isinstance(ROUNDS, RoundsPool):
-        ROUNDS.close()
-    ROUNDS = None
+    SHARED.stop()
 
 
-def _shared(req: Any, stop: threading.Event) -> Iterator[Any]:
+def _shared(rounds: Rounds, req: Any, stop: threading.Event) -> Iterator[Any]:
     """The request's events from the shared rounds; it joins them only once its stream starts (admitted)."""
-    assert ROUNDS is not None
-    yield from ROUNDS.submit(req, steps(req, stop))
+    yield from rounds.submit(req, steps(req, stop))
 
 
 def _stream(events: Iterator[Any], stop: threading.Event, view: viz.LiveView, record: RunRecord,
@@ -290,7 +287,7 @@ def _stream(events: Iterator[Any], stop: threading.Event, view: viz.LiveView, re
                         lanes=lanes_placeholder())
             return
         # The engine starts before the first frame is drawn: prefill runs meanwhile.
-        own = HAS_CUDA or ROUNDS is not None  # shared rounds: torch runs in the rounds' thread, not this stream's
+        own = HAS_CUDA or SHARED.now is not None  # shared rounds: torch runs in the rounds' thread, not this stream's
         stream = EngineStream(events, stop, max_fps=FRAME_FPS, torch_threads=None if own else TORCH_THREADS,
                               prefill_threads=None if own else PREFILL_THREADS, budget=FRAMES)
         yield frame(view, record, baselines, None, "starting: prefill ...", record=None, lanes=lanes_placeholder())
@@ -438,12 +435,13 @@ def run_lanes(record: RunRecord, post: bool = True) -> dict[str, list[float]]:
 def sharing_model() -> int:
     """How many other page runs share the model with a finished one that still holds its slot (shared rounds;
     0 where runs take turns): its after-the-answer extras then wait for a quiet moment."""
-    return 0 if ROUNDS is None else max(0, MODEL.running - 1) + MODEL.waiting
+    return 0 if SHARED.now is None else max(0, MODEL.running - 1) + MODEL.waiting
 
 
 def _company() -> str:
     """ \u00b7 served together with N other runs (shared rounds), or nothing."""
-    others = ROUNDS.together - 1 if ROUNDS is not None else 0
+    shared = SHARED.now
+    others = shared.together - 1 if shared is not None else 0
     return f" \u00b7 served together with {others} other run{'s' if others != 1 else ''}" if others > 0 else ""
 
 
@@ -480,7 +478,7 @@ def measure_baseline(record: RunRecord | None, baselines: dict | None, auto: boo
     # Others wait for the model (their runs go first), or share its passes (a timing beside them would slow them
     # and be unfair to the target): this timing only on demand.
     busy = (f"{MODEL.waiting} runs wait for the model" if MODEL.waiting else
-            f"{MODEL.running} runs share the model" if ROUNDS is not None and MODEL.running else "")
+            f"{MODEL.running} runs share the model" if SHARED.now is not None and MODEL.running else "")
     if key not in baselines and not forced and busy:
         return stats(_record_view(record), record, baselines,
                      f"Target alone not timed now: {busy}. Press “Measure target alone” later."), baselines

@@ -3,6 +3,7 @@ rounds in a moment, no model."""
 
 from __future__ import annotations
 
+import functools
 import threading
 
 import gradio as gr
@@ -49,15 +50,16 @@ def run_playground(table: pd.DataFrame, policies: list[str], gamma: int, rounds:
 
 PLAYGROUND_DEFAULTS = (["metasd-ucb", "exp3", "thompson", "hedge"], 4, 3000, "throughput", False, 8.0, 0)
 _default_lock = threading.Lock()
-_default: tuple | None = None
+
+
+@functools.cache
+def _simulated_default() -> tuple:
+    policies, gamma, rounds, reward, full_info, spread, seed = PLAYGROUND_DEFAULTS
+    return run_playground(PLAYGROUND_DRAFTERS, list(policies), gamma, rounds, reward, full_info, spread, seed)
 
 
 def playground_default():
     """The simulation a page opens with (the tab's default settings), computed once per server: page loads
-    queue no work, and a class opening the page costs one simulation, not one each."""
-    global _default
+    queue no work, and a class opening the page costs one simulation, not one each (one at a time: the lock)."""
     with _default_lock:
-        if _default is None:
-            policies, gamma, rounds, reward, full_info, spread, seed = PLAYGROUND_DEFAULTS
-            _default = run_playground(PLAYGROUND_DRAFTERS, list(policies), gamma, rounds, reward, full_info, spread, seed)
-        return _default
+        return _simulated_default()

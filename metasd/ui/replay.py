@@ -14,8 +14,8 @@ import gradio as gr
 
 from metasd.core.events import RoundEvent
 from metasd.core.runfile import Replay, parse_run
-from metasd.core.streaming import EngineStream
 from metasd.core.validation import REPLAY_MAX_S, RUN_MAX_BYTES, InvalidInput, number
+from metasd.serving.streaming import EngineStream
 from metasd.ui import viz
 from metasd.ui.config import ASSETS, EXAMPLES, FRAME_FPS, task_title
 from metasd.ui.errors import failure, refused
@@ -156,7 +156,7 @@ def _paced(run: Replay, pace: float, stop: threading.Event) -> Iterator[RoundEve
 
 
 def _replay_frames(run: Replay, view: viz.LiveView, pace: float, stop: threading.Event) -> Iterator[ReplayFrame]:
-    """The paced rounds through the page's one stream driver (metasd.core.streaming.EngineStream): frames at
+    """The paced rounds through the page's one stream driver (metasd.serving.streaming.EngineStream): frames at
     most FRAME_FPS a second, fewer when drawing is slow, as Generate's; the lanes once a second."""
     stream = EngineStream(_paced(run, pace, stop), stop, max_fps=FRAME_FPS)
     laned = time.perf_counter()

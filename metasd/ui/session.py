@@ -93,7 +93,11 @@ class RunRecord:
 
 # How many of a session's stream messages wait unread in gradio's queue: app.launch points this at the
 # served page's queue; None (handlers called directly, as tests do) means nobody can tell.
-_unread: Callable[[str], int | None] = lambda key: None  # noqa: E731
+class _Streams:
+    unread: Callable[[str], int | None] = staticmethod(lambda key: None)
+
+
+STREAMS = _Streams()
 # A waiting run's page hears from the line every second and a running one's up to 8 times a second: messages
 # left unread this long mean nobody reads the stream.
 READ_PATIENCE_S = 4.0
@@ -101,8 +105,7 @@ READ_PATIENCE_S = 4.0
 
 def watch_streams(unread: Callable[[str], int | None]) -> None:
     """Where session_reader looks for a session's unread stream messages (app.launch sets it)."""
-    global _unread
-    _unread = unread
+    STREAMS.unread = unread
 
 
 # gradio's queue looks for work to start every 1 ms while it has none (and for progress to send every 10 ms): on an
@@ -144,7 +147,7 @@ class SessionReader:
         self.backlog = 0
 
     def __call__(self) -> bool:
-        n = _unread(self.key)
+        n = STREAMS.unread(self.key)
         now = time.perf_counter()
         if n is None or n <= 1 or n < self.backlog:  # nothing (or one) unread, nobody can tell, or some was read
             self.read_at = now

@@ -662,7 +662,7 @@ def playground_table(results: Sequence[Any]) -> pd.DataFrame:
 
 
 # --------------------------------------------------------------------------------------------
-# Drafter lanes (metasd/core/lanes.py): one row per drafter under the answer, one cell per token
+# Drafter lanes (metasd/decoding/lanes.py): one row per drafter under the answer, one cell per token
 
 LANES_EMPTY = "Drafter lanes appear here when the answer ends: for every drafter, where it would have been accepted."
 # Self-contained styles (the lanes are also embedded in Compare's side-by-side cells): a cell's fill height is

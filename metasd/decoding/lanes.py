@@ -30,13 +30,13 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from metasd.core.prompts import encode_prompt, scaffold_positions
 from metasd.core.sampling import Sampling, warp
+from metasd.decoding.prompts import encode_prompt, scaffold_positions
 
 if TYPE_CHECKING:
     from metasd.core.events import RoundEvent
+    from metasd.decoding.loading import Bundle
     from metasd.drafting.drafters import Drafter
-    from metasd.models.loading import Bundle
 
 Lanes = dict[str, list[float]]
 Cells = dict[str, list[float | None]]

@@ -35,65 +35,13 @@ from transformers.masking_utils import create_causal_mask
 from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
 
 from metasd.core.events import RoundEvent
-from metasd.core.prefix import PrefixStore
+from metasd.core.passes import DraftPart, VerifyPart, crop_to, forward_alone
+from metasd.decoding.prefix import PrefixStore
 
 try:
     from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 except ImportError:  # pragma: no cover  (older layouts)
     from transformers.integrations import ALL_ATTENTION_FUNCTIONS  # type: ignore[no-redef]
-
-
-@dataclass
-class VerifyPart:
-    """One request's share of a pass: the ids it feeds (its last id, then its draft), the position of the
-    first of them, and its own KV cache (extended in place, as a solo pass would)."""
-
-    ids: list[int] | torch.Tensor
-    start: int
-    cache: object
-    keep: int = 0  # logits for the last `keep` rows only (0: every row), as transformers' logits_to_keep
-
-
-@dataclass
-class DraftPart:
-    """A model drafter's forward, asked of the driver instead of run on the spot: `part` through `model`
-    (metasd.drafting.drafters.ModelDrafter.propose_steps). The shared rounds run every request's part for the
-    same drafter model in one pass, as they verify; `spent_s` is then this part's share of that pass's time,
-    which the request charges to its drafter (not the time it waited for the others)."""
-
-    model: torch.nn.Module
-    part: VerifyPart
-    spent_s: float = 0.0
-
-
-def crop_to(cache: DynamicCache, length: int) -> None:
-    """Roll a cache back to its first `length` tokens (transformers 5: crop(-n) drops the last n)."""
-    extra = cache.get_seq_length() - length
-    if extra > 0:
-        cache.crop(-extra)
-
-
-@torch.no_grad()
-def forward_alone(d: DraftPart) -> torch.Tensor:
-    """A drafter part on a pass of its own (transformers' forward): its kept rows' logits."""
-    p = d.part
-    dev = next(d.model.parameters()).device
-    ids = torch.as_tensor(p.ids, device=dev).view(1, -1)
-    pos = torch.arange(p.start, p.start + ids.shape[1], device=dev).view(1, -1)
-    t = time.perf_counter()
-    out = d.model(input_ids=ids, position_ids=pos, past_key_values=p.cache, use_cache=True, logits_to_keep=p.keep)
-    d.spent_s = time.perf_counter() - t
-    return out.logits[0]
-
-
-def solo(steps: Generator[Any, Any, Any], answer: Callable[[Any], Any]) -> Any:
-    """Run a step generator to its end, answering each thing it asks with `answer(it)`: its return value."""
-    try:
-        x = next(steps)
-        while True:
-            x = steps.send(answer(x))
-    except StopIteration as end:
-        return end.value
 
 
 def supports(model: torch.nn.Module) -> bool:
@@ -372,7 +320,7 @@ class Outbox(Protocol):
 
 
 class Neighbours(Protocol):
-    """Other rounds on the same machine (metasd.core.remote.RoundsPool): how many requests they hold, so that a
+    """Other rounds on the same machine (metasd.serving.remote.RoundsPool): how many requests they hold, so that a
     driver takes every core only while nobody else computes, and what this one holds, for theirs."""
 
     def publish(self, n: int) -> None: ...
@@ -384,7 +332,7 @@ _PARKED = object()  # a member whose round ended: it begins its next one in the 
 
 
 class _Member:
-    """A joined request: its step generator (metasd.core.engine.steps), what it yielded last, its outbox."""
+    """A joined request: its step generator (metasd.decoding.engine.steps), what it yielded last, its outbox."""
 
     def __init__(self, req: Any, it: Generator, out: Outbox) -> None:
         self.req, self.it, self.out = req, it, out
@@ -435,7 +383,7 @@ class Rounds:
         self.crowd_threads = crowd_threads
         self._threads_now = 0
         self.neighbours: Neighbours | None = None  # other rounds' processes on this machine, where there are
-        # Prompt passes kept for the next request with the same prompt (metasd.core.prefix), taken only by a
+        # Prompt passes kept for the next request with the same prompt (metasd.decoding.prefix), taken only by a
         # request that joins others: a class running the same examples reads each prompt once.
         self.prefixes = prefixes
         # Passes are shared only where no row's result depends on its neighbours (else each request has its own).
@@ -461,7 +409,7 @@ class Rounds:
 
     def join(self, req: Any, it: Generator, out: Outbox) -> None:
         """Join `req`: its events, then its error if it fails, then END, are put into `out` by the rounds'
-        thread (a queue in this process, or a pipe to another: metasd.core.remote)."""
+        thread (a queue in this process, or a pipe to another: metasd.serving.remote)."""
         with self._cv:
             self._joining.append(_Member(req, it, out))
             self._publish()  # at once: a neighbour choosing its threads now counts this one

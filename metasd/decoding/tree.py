@@ -33,7 +33,7 @@ from dataclasses import dataclass, field
 import torch
 from transformers import DynamicCache
 
-from metasd.core.batch import crop_to
+from metasd.core.passes import crop_to
 from metasd.core.sampling import Sampling, warp
 
 

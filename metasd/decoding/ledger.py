@@ -1,11 +1,11 @@
-"""A request's books, kept apart from its generation state (metasd/core/engine.py, Request):
+"""A request's books, kept apart from its generation state (metasd/decoding/engine.py, Request):
 
 - `Ledger`: what it has produced and what each arm did (pulls, drafted, accepted, rewards, the tokens
   used for regret), and the regret itself;
 - `RequestClock`: when it started, its prefill, and where its time went (drafting, verifying, overhead),
   charged from each round's `Clock`;
 - `EventBuilder`: the text pieces of its ids and the events a consumer sees (the chain's RoundEvent and the
-  Summary; a token-tree round's event is built in metasd/core/tree_round.py from the same parts).
+  Summary; a token-tree round's event is built in metasd/decoding/tree_round.py from the same parts).
 
 The chain engine and the token-tree rounds write the same books, so their totals mean the same thing.
 """
@@ -16,10 +16,10 @@ import time
 from dataclasses import asdict
 from typing import Any
 
-from metasd.core import lanes
 from metasd.core.events import DrafterStats, RoundEvent, Summary
+from metasd.decoding import lanes
 
-# `req` below is a metasd.core.engine.Request and `r` its Round: not imported, the engine imports this module.
+# `req` below is a metasd.decoding.engine.Request and `r` its Round: not imported, the engine imports this module.
 
 
 class Clock:

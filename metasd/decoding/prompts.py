@@ -4,7 +4,7 @@ did not write (the template's scaffolding), shared by the engine and the after-t
 from __future__ import annotations
 
 from metasd.core.validation import InvalidInput
-from metasd.models.loading import Bundle
+from metasd.decoding.loading import Bundle
 
 
 def encode_prompt(bundle: Bundle, prompt: str | list[int], chat_template: bool) -> list[int]:

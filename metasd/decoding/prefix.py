@@ -1,6 +1,6 @@
 """Prompt passes kept for the next request with the same prompt (a class running the page's examples).
 
-A server's shared rounds (metasd.core.batch.Rounds) prefill each joining request alone, and on a CPU the
+A server's shared rounds (metasd.serving.batch.Rounds) prefill each joining request alone, and on a CPU the
 prompt's pass is most of the wait for a first token: 0.3-0.6 s for a page example on the offline preset.
 When a class runs the same few examples, each distinct prompt is read once; the next request with the same
 ids takes a copy of the keys and values (and of the few logits its drafters are seeded from) instead of

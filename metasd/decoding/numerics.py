@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 import torch
 
-from metasd.models.loading import Bundle
+from metasd.decoding.loading import Bundle
 
 # The widest spread (best logit minus the lower of the two parting tokens' logits) at which a divergence
 # still counts as rounding, per dtype. bfloat16's comes from scripts/measure_bf16.py on the offline preset

@@ -1,6 +1,6 @@
 """The engine's token-tree round (policy metasd-tree): plan, draft, fill the spare room, verify, walk, keep
 the accepted path, score, learn and emit. The tree itself, its mask and its verification rules are in
-metasd/core/tree.py; these steps read and update the engine's Request (metasd/core/engine.py): ids, caches,
+metasd/decoding/tree.py; these steps read and update the engine's Request (metasd/decoding/engine.py): ids, caches,
 drafters, statistics. The engine dispatches here when its policy plays trees (Policy.tree)."""
 
 from __future__ import annotations
@@ -10,11 +10,11 @@ from dataclasses import dataclass, field
 
 import torch
 
-from metasd.core import tree as T
 from metasd.core.costs import expected_accepted, reward, tree_budget
 from metasd.core.events import RoundEvent
 from metasd.core.sampling import warp
-from metasd.core.tree import (
+from metasd.decoding import tree as T
+from metasd.decoding.tree import (
     Branch,
     TokenTree,
     TreeVerdict,
@@ -84,7 +84,7 @@ def draft_tree(req, t: TreeRound) -> None:
         t.draft_ms[i] = 1000 * (time.perf_counter() - t0)
     # The deepest planned chain first, its proposals tried first at every node; an order fixed before anything
     # was drawn (drafted lengths are not: a sampled drafter stops early on its own draws), which sampled
-    # verification needs to be exact (metasd/core/tree.py).
+    # verification needs to be exact (metasd/decoding/tree.py).
     t.branches.sort(key=lambda b: branch_order(t, b))
     t0 = time.perf_counter()
     t.branches.extend(extra_branches(req, t))

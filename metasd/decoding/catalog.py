@@ -94,7 +94,7 @@ def measure_costs(bundle, names: list[str], max_new_tokens: int = 48, progress=p
                   prompts: tuple[str | list[int], ...] = COST_PROMPTS) -> tuple[dict[str, float], dict]:
     """c per drafter: its drafting time per drafted token, alone in the engine on COST_PROMPTS, over the
     target's one-token step; the target is timed between drafters so that machine load hits both alike."""
-    from metasd.core.engine import run
+    from metasd.decoding.engine import run
 
     c: dict[str, float] = {}
     ms: dict[str, float] = {}

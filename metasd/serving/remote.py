@@ -1,4 +1,4 @@
-"""The shared rounds (metasd.core.batch.Rounds) in a process of their own, beside the server's.
+"""The shared rounds (metasd.serving.batch.Rounds) in a process of their own, beside the server's.
 
 Why a process: torch gives the interpreter lock back at every call, and the shared rounds make thousands of
 calls a second (attention per request and layer). In the server's process each of them waited to take the lock
@@ -33,8 +33,8 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from metasd.core.batch import END, Rounds, _End, drain
-from metasd.core.engine import prepare, steps
+from metasd.decoding.engine import prepare, steps
+from metasd.serving.batch import END, Rounds, _End, drain
 
 log = logging.getLogger(__name__)
 STOP_POLL_S = 0.1  # a Stop reaches the rounds within this, then the request ends at its next round
@@ -48,7 +48,7 @@ NICE = int(os.environ.get("METASD_ROUNDS_NICE", "10"))
 
 @dataclass(frozen=True)
 class Job:
-    """What the rounds' process needs to prepare a page run's Request (metasd.core.engine.prepare)."""
+    """What the rounds' process needs to prepare a page run's Request (metasd.decoding.engine.prepare)."""
 
     prompt: str | list[int]  # the cleaned text, or ids as they are
     drafters: list[str] | None
@@ -259,8 +259,26 @@ class RoundsPool:
             p.close(timeout)
 
 
+class SharedRounds:
+    """The server's shared rounds once started (metasd.ui.generate.start_rounds): a Rounds driver in the server's
+    process or a RoundsPool of processes; `now` is None while runs take the engine alone."""
+
+    def __init__(self) -> None:
+        self.now: Rounds | RoundsPool | None = None
+
+    def start(self, rounds: Rounds | RoundsPool) -> None:
+        self.stop()
+        self.now = rounds
+
+    def stop(self) -> None:
+        """No shared rounds from now on (their processes end)."""
+        if isinstance(self.now, RoundsPool):
+            self.now.close()
+        self.now = None
+
+
 class _Load:
-    """A pool process's view of the shared load array (metasd.core.batch.Neighbours): its own slot, the sum of
+    """A pool process's view of the shared load array (metasd.serving.batch.Neighbours): its own slot, the sum of
     the others'. Each slot has one writer, so no lock: a reading a pass late only delays a thread change."""
 
     def __init__(self, load: Any, slot: int):

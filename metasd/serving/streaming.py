@@ -318,7 +318,7 @@ class FairSlots:
         return self._n
 
     def resize(self, n: int) -> None:
-        """Hold at most `n` at once from now on (shared rounds measured at start-up: metasd.core.batch)."""
+        """Hold at most `n` at once from now on (shared rounds measured at start-up: metasd.serving.batch)."""
         if n < 1:
             raise ValueError("n must be at least 1")
         with self._cv:

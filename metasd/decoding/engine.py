@@ -21,18 +21,18 @@ from transformers import DynamicCache
 
 from metasd.bandits.policies import Choice, make_policy
 from metasd.bandits.priors import Priors, load_priors
-from metasd.core import tree_round
-from metasd.core.batch import DraftPart, VerifyPart, crop_to, forward_alone
 from metasd.core.costs import EXTRA_ID_PRIOR, EXTRA_ID_PRIOR_PACKED, VerifyCost, best_length, expected_accepted, reward
 from metasd.core.events import Event, RoundEvent, Summary
-from metasd.core.ledger import Clock, EventBuilder, Ledger, RequestClock
-from metasd.core.prefix import PrefixStore
-from metasd.core.prompts import encode_prompt, scaffold_positions
+from metasd.core.passes import DraftPart, VerifyPart, crop_to, forward_alone
 from metasd.core.sampling import Sampling, Verdict, verify, warp
 from metasd.core.validation import InvalidInput, Settings, clean_prompt, validate_settings
+from metasd.decoding import tree_round
+from metasd.decoding.ledger import Clock, EventBuilder, Ledger, RequestClock
+from metasd.decoding.loading import Bundle
+from metasd.decoding.prefix import PrefixStore
+from metasd.decoding.prompts import encode_prompt, scaffold_positions
 from metasd.drafting.drafters import Draft, Drafter, Verified
 from metasd.models.cpu_linear import is_packed
-from metasd.models.loading import Bundle
 
 StopSignal = threading.Event | Callable[[], bool] | None
 Inspect = Callable[[DynamicCache, list[int], list[Drafter]], None]
@@ -109,7 +109,7 @@ class Round:
 
 class Request:
     """One generation's state: ids and caches, per-arm draft-length caps, the token budget, the random
-    generators; its methods are the round's steps. Its books are kept apart (metasd/core/ledger.py): what it
+    generators; its methods are the round's steps. Its books are kept apart (metasd/decoding/ledger.py): what it
     produced and each arm's statistics (`ledger`), where its time went (`clock`), its events (`events`)."""
 
     def __init__(self, bundle: Bundle, prompt: str, prompt_ids: list[int], st: Settings) -> None:
@@ -182,7 +182,7 @@ class Request:
             return
         want = max((d.seed_rows for d in self.arms), default=0)
         keep = min(len(ids) - 1, want) if want else 1
-        # A server's kept prompt passes (metasd.core.prefix), where it lends them; not for white-box readers.
+        # A server's kept prompt passes (metasd.decoding.prefix), where it lends them; not for white-box readers.
         store = self.prefixes if self.prefixes is not None and not self.readers and self.prefixes.fits(self.cache) \
             else None
         logits = store.take(ids[:-1], keep, self.cache) if store is not None and self.prefix_reuse else None
@@ -391,7 +391,7 @@ def steps(req: Request, stop: StopSignal, inspect: Inspect | None = None
     """The prefill, then the round loop: pick an arm, draft, verify, keep what passed, score, learn, emit.
     Verification is asked of the driver: the generator yields the round's VerifyPart and receives the
     pass's (logits, hidden states) back, from a pass of its own (_rounds) or one shared with other
-    requests (metasd.core.batch.Rounds); a model drafter's forwards likewise (DraftPart, answered with its
+    requests (metasd.serving.batch.Rounds); a model drafter's forwards likewise (DraftPart, answered with its
     logits). Everything else is this request's own."""
     req.start()
     while not req.done:
@@ -402,7 +402,7 @@ def steps(req: Request, stop: StopSignal, inspect: Inspect | None = None
         clock = Clock()
         awake = req.wake()
         clock.lap("wake")
-        if req.policy.tree:  # a token tree of several arms' drafts, on a pass of its own (metasd/core/tree_round.py)
+        if req.policy.tree:  # a token tree of several arms' drafts, on a pass of its own (metasd/decoding/tree_round.py)
             ev, eos = tree_round.play_round(req, awake, clock, inspect)
             yield ev
             if eos:

@@ -1,0 +1,71 @@
+"""What a round asks of whoever runs its passes, and the pass it gets when it runs alone.
+
+A request's round (metasd.decoding.engine.steps) does not run the target itself: it yields a VerifyPart (the ids to
+verify, from a position, on its own KV cache) and receives the logits back, and its model drafters' forwards are
+asked the same way (DraftPart). The engine answers them with a pass of the request's own (`forward_alone`, the
+model's forward); the shared rounds (metasd.serving.batch) answer many requests' parts in one pass. Drafters,
+the engine and the serving layer all import these types from here, below all of them.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Generator
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from transformers import DynamicCache
+
+
+@dataclass
+class VerifyPart:
+    """One request's share of a pass: the ids it feeds (its last id, then its draft), the position of the
+    first of them, and its own KV cache (extended in place, as a solo pass would)."""
+
+    ids: list[int] | torch.Tensor
+    start: int
+    cache: object
+    keep: int = 0  # logits for the last `keep` rows only (0: every row), as transformers' logits_to_keep
+
+
+@dataclass
+class DraftPart:
+    """A model drafter's forward, asked of the driver instead of run on the spot: `part` through `model`
+    (metasd.drafting.drafters.ModelDrafter.propose_steps). The shared rounds run every request's part for the
+    same drafter model in one pass, as they verify; `spent_s` is then this part's share of that pass's time,
+    which the request charges to its drafter (not the time it waited for the others)."""
+
+    model: torch.nn.Module
+    part: VerifyPart
+    spent_s: float = 0.0
+
+
+def crop_to(cache: DynamicCache, length: int) -> None:
+    """Roll a cache back to its first `length` tokens (transformers 5: crop(-n) drops the last n)."""
+    extra = cache.get_seq_length() - length
+    if extra > 0:
+        cache.crop(-extra)
+
+
+@torch.no_grad()
+def forward_alone(d: DraftPart) -> torch.Tensor:
+    """A drafter part on a pass of its own (transformers' forward): its kept rows' logits."""
+    p = d.part
+    dev = next(d.model.parameters()).device
+    ids = torch.as_tensor(p.ids, device=dev).view(1, -1)
+    pos = torch.arange(p.start, p.start + ids.shape[1], device=dev).view(1, -1)
+    t = time.perf_counter()
+    out = d.model(input_ids=ids, position_ids=pos, past_key_values=p.cache, use_cache=True, logits_to_keep=p.keep)
+    d.spent_s = time.perf_counter() - t
+    return out.logits[0]
+
+
+def solo(steps: Generator[Any, Any, Any], answer: Callable[[Any], Any]) -> Any:
+    """Run a step generator to its end, answering each thing it asks with `answer(it)`: its return value."""
+    try:
+        x = next(steps)
+        while True:
+            x = steps.send(answer(x))
+    except StopIteration as end:
+        return end.value
