@@ -22,6 +22,13 @@ os.environ["GRADIO_ANALYTICS_ENABLED"] = "False"
 import gradio as gr  # noqa: E402
 import torch  # noqa: E402
 
+from metasd import settings  # noqa: E402
+
+try:  # every METASD_* setting checked before any module reads one: a bad value is one line, not a traceback
+    settings.check()
+except settings.SettingError as e:
+    sys.exit(f"error: {e}")
+
 from metasd.core.validation import UPLOAD_MAX_BYTES  # noqa: E402
 from metasd.decoding.loading import cache_root  # noqa: E402
 from metasd.drafting.registry import load_plugins  # noqa: E402
@@ -52,7 +59,7 @@ def build_demo() -> gr.Blocks:
     """The page: a header, then the Generate, Compare, Replay and Bandit playground tabs."""
     # Operator plugins (metasd.drafting.registry): modules named by whoever runs the server, never by the page;
     # loaded here, not on import. Their drafters join every preset's list, each with a colour of its own.
-    load_plugins(os.environ.get("METASD_PLUGINS"))
+    load_plugins(settings.value("METASD_PLUGINS"))
     preset0 = default_preset()
     drafters0, _ = page_drafters(preset0)  # drawn while the models may still load
     # delete_cache: gradio's copies of served files (run logs hold prompts) go after an hour.
@@ -139,12 +146,14 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--port", type=int, default=None, help="port (default $PORT or 7860)")
     a = ap.parse_args(argv)
     logging.basicConfig(level=logging.INFO)
+    logging.getLogger("metasd.app").info("settings (python -m metasd config; docs/DESIGN.md §11):\n  %s",
+                                         "\n  ".join(settings.describe()))
     if not HAS_CUDA:
         # The main thread stays out of torch's thread pools: loading with one thread leaves no OpenMP team
         # behind it, and each generation's worker then gets its threads without contention
         # (metasd.serving.streaming.in_fresh_thread).
         torch.set_num_threads(1)
-    load_plugins(os.environ.get("METASD_PLUGINS"))  # a plugin that fails stops the start before any model loads
+    load_plugins(settings.value("METASD_PLUGINS"))  # a plugin that fails stops the start before any model loads
     if BATCH or HOSTED or not WAIT_IN_REQUESTS:
         # Load first: the shared rounds' processes fork from the loaded models before the server starts its threads;
         # a host shows its own page until the port answers; on a GPU a request does not wait for a load.

@@ -15,6 +15,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from metasd import settings
 from metasd.benchmark.args import add_bench_args, add_priors_args
 from metasd.core import defaults
 from metasd.core.events import Summary
@@ -226,11 +227,16 @@ def main(argv: list[str] | None = None) -> int:
     _replay_args(sub)
     add_bench_args(sub)
     add_priors_args(sub)
+    sub.add_parser("config", help="every METASD_* setting: its effective value and where it came from")
     a = p.parse_args(argv)
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     try:
-        load_plugins(os.environ.get("METASD_PLUGINS"))
-    except (ValueError, RuntimeError) as e:
+        settings.check()
+        if a.command == "config":
+            print("\n".join(settings.describe()))
+            return 0
+        load_plugins(settings.value("METASD_PLUGINS"))
+    except (ValueError, RuntimeError) as e:  # a SettingError is a ValueError
         print(f"error: {e}", file=sys.stderr)
         return 2
     try:

@@ -30,7 +30,8 @@ CLI_TIMEOUT_S = 180
 
 # (program, subcommand) of every command kind that has a smoke test in this file.
 COVERED = {("make", "run"), ("make", "test"), ("metasd", "generate"), ("metasd", "bench"), ("metasd", "drafters"),
-           ("metasd", "replay"), ("metasd", "priors"), ("metasd.training.train", None), ("scripts/load_users.py", None)}
+           ("metasd", "replay"), ("metasd", "priors"), ("metasd", "config"), ("metasd.training.train", None),
+           ("scripts/load_users.py", None)}
 
 # Files the README names that do not exist: none. An entry here would fail the test once the file
 # exists (or the README stops naming it), so the list cannot go stale.
@@ -449,6 +450,13 @@ def test_replay_command():
     assert (ROOT / run_file).exists(), run_file
     p = ok(run([program(cmd), "-m", "metasd", "replay", run_file, "--speed", "0"]))
     assert "stopped by" in p.stdout
+
+
+@pytest.mark.timeout(CLI_TIMEOUT_S)
+def test_config_command():
+    (cmd,) = commands_of(("metasd", "config"))
+    p = ok(run([program(cmd), "-m", "metasd", "config"]))
+    assert "METASD_BATCH " in p.stdout and "(default)" in p.stdout
 
 
 @pytest.mark.timeout(CLI_TIMEOUT_S)

@@ -113,7 +113,7 @@ def test_no_import_circles():
 # The packages, lowest first (docs/DESIGN.md §2): a module imports only from its own package and from packages of
 # a lower layer; the three applications of layer 7 do not import one another.
 LAYERS = {
-    "metasd.paths": 0,
+    "metasd.paths": 0, "metasd.settings": 0,
     "metasd.bandits": 1,  # policies, priors, the playground's simulated arms: no models
     "metasd.core": 2,  # the vocabulary: settings, validation, sampling, events, run files, costs, pass messages
     "metasd.models": 3,  # presets, CPU linear packing, ZeroGPU durations

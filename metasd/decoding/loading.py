@@ -32,6 +32,7 @@ from transformers import (
 )
 
 # The modules that define drafters register their kinds' factories when imported (metasd.drafting.registry).
+from metasd import settings
 from metasd.core.validation import InvalidInput
 from metasd.drafting import retrieval as _retrieval  # noqa: F401
 from metasd.drafting.drafters import Drafter, layer_skip_view
@@ -51,7 +52,7 @@ def to_stderr(msg: str) -> None:
 
 
 def cache_root() -> Path:
-    base = os.environ.get("METASD_CACHE") or os.path.join(
+    base = settings.value("METASD_CACHE") or os.path.join(
         os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "metasd"
     )
     return Path(base)

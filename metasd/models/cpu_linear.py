@@ -20,13 +20,14 @@ model as it actually computes.
 from __future__ import annotations
 
 import copy
-import os
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
 import torch
 import torch.nn.functional as F
 from torch import nn
+
+from metasd import settings
 
 ENV = "METASD_PACKED_LINEAR"
 # Row-count hint for oneDNN's reorder: verification feeds 1-9 rows; 8 measured best for 2-8 and
@@ -154,7 +155,7 @@ def _agrees(linear: nn.Linear, reorder: Callable, op: Callable) -> bool:
 
 
 def enabled() -> bool:
-    return os.environ.get(ENV, "1").strip().lower() not in ("0", "false", "no", "off")
+    return settings.value(ENV)
 
 
 def pack_linears(model: nn.Module, progress: Callable[[str], None] | None = None) -> int:

@@ -33,6 +33,7 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from metasd import settings
 from metasd.decoding.engine import prepare, steps
 from metasd.serving.batch import END, Rounds, _End, drain
 
@@ -43,7 +44,7 @@ STOP_POLL_S = 0.1  # a Stop reaches the rounds within this, then the request end
 # two busy rounds' processes kept 28 of 32 Runs from reaching them for 7 s and left students' streams silent long
 # enough for their clients to give up (read time-outs); niced, they still take every cycle the server leaves
 # ($METASD_ROUNDS_NICE: 0 for the server's priority).
-NICE = int(os.environ.get("METASD_ROUNDS_NICE", "10"))
+NICE = settings.value("METASD_ROUNDS_NICE")
 
 
 @dataclass(frozen=True)

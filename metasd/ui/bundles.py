@@ -4,7 +4,6 @@ MODEL, the fair slots through which requests take turns on them."""
 from __future__ import annotations
 
 import logging
-import os
 import threading
 import time
 from collections import OrderedDict
@@ -15,6 +14,7 @@ import gradio as gr
 import torch
 from transformers import LogitsProcessor, LogitsProcessorList
 
+from metasd import settings
 from metasd.core.validation import InvalidInput
 from metasd.decoding.engine import encode_prompt, target_greedy
 from metasd.decoding.engine import run as engine_run
@@ -30,7 +30,7 @@ MODEL = FairSlots(GEN_CONCURRENCY, max_waiting=MAX_WAITING)
 
 # Loaded presets, least recently used first. At most MAX_BUNDLES stay loaded (the least recently used beyond
 # that is unloaded); the lock guards only these dicts, never a load, so no request waits for another's load.
-MAX_BUNDLES = int(os.environ.get("METASD_MAX_BUNDLES", "2" if HAS_CUDA else "1"))
+MAX_BUNDLES = settings.value("METASD_MAX_BUNDLES")
 # On a CPU the only preset is the offline one, loaded at start-up: a request that finds it still loading waits
 # for it (as handlers called before start-up did). On a GPU a hub preset loads in the background instead.
 WAIT_IN_REQUESTS = not HAS_CUDA
@@ -97,7 +97,7 @@ def default_preset() -> str:
 
 def _preferred(offered: list[str]) -> str:
     """$METASD_PRESET where it is among `offered`, else the default preset."""
-    want = os.environ.get("METASD_PRESET") or DEFAULT_PRESET
+    want = settings.value("METASD_PRESET") or DEFAULT_PRESET
     return want if want in offered else DEFAULT_PRESET
 
 

@@ -1,9 +1,9 @@
 """What the machine and the operator decide, read once at import: the GPU (and ZeroGPU), how many
 generations run at once, the limits of a request, the page's defaults and its examples.
 
-Environment: $METASD_CONCURRENCY, $METASD_QUEUE_SIZE, $METASD_MAX_WAITING, $METASD_TORCH_THREADS,
-$METASD_FRAME_FPS, $METASD_PLOT_INTERVAL and $METASD_PRESET (see bundles.default_preset). Importing it loads
-nothing else: operator plugins ($METASD_PLUGINS) are loaded by app.py when it builds or starts the page.
+The operator's METASD_* settings come from metasd.settings (the one module that reads them, each checked; the
+table: docs/DESIGN.md §11). Importing this loads nothing else: operator plugins ($METASD_PLUGINS) are loaded by
+app.py when it builds or starts the page.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from typing import Any
 
 import torch
 
-from metasd import paths
+from metasd import paths, settings
 from metasd.core import defaults
 from metasd.models.spaces import duration_of
 
@@ -40,17 +40,17 @@ except ImportError:  # anywhere else: a no-op
 ROOT, ASSETS = paths.ROOT, paths.ASSETS  # the repository (app.py, metasd/, assets/) and its assets
 HAS_CUDA = torch.cuda.is_available()
 # Generations that may run at once (each one holds the model): 1 on a CPU, 2 on a GPU.
-GEN_CONCURRENCY = int(os.environ.get("METASD_CONCURRENCY", "2" if HAS_CUDA else "1"))
+GEN_CONCURRENCY = settings.value("METASD_CONCURRENCY")
 # Runs that may wait in the app's own line for the model (metasd.serving.streaming.FairSlots): each sees its
 # place and an estimate; one more is told that the class is full and when to come back.
-MAX_WAITING = int(os.environ.get("METASD_MAX_WAITING", "48"))
+MAX_WAITING = settings.value("METASD_MAX_WAITING")
 # Generate's handlers all start at once, each waiting in the app's line and streaming its place there, so
 # gradio's own queue (bounded: it holds only events that found no handler) never fills with Generate
 # runs and its generic "Queue is full" never shows: the app admits runs itself and tells the rest.
 GENERATE_HANDLERS = 2 * MAX_WAITING + 16
-QUEUE_SIZE = int(os.environ.get("METASD_QUEUE_SIZE", "64"))
+QUEUE_SIZE = settings.value("METASD_QUEUE_SIZE")
 # Where the browsers are elsewhere (a Space, or any host that sets $PORT), one generation takes every core.
-HOSTED = bool(os.environ.get("SPACE_ID") or os.environ.get("PORT"))
+HOSTED = settings.machine().hosted
 # torch threads per generation on a CPU. Measured 2026-12-01 on the offline preset (2 cores, scripts/measure_threads.py
 # and measure_page_examples.py): two threads in a worker run the engine at 32-36 tokens/s against 22-26 with
 # one, but only without a browser on the same machine; with one there (a teacher's `make run`), the streamed
@@ -59,7 +59,7 @@ HOSTED = bool(os.environ.get("SPACE_ID") or os.environ.get("PORT"))
 # (the issue measured a Space start on 2 cores streaming at 0.73 of the engine's speed with one thread).
 # $METASD_TORCH_THREADS overrides both.
 _CORES = os.cpu_count() or 2
-TORCH_THREADS = int(os.environ.get("METASD_TORCH_THREADS", "0")) or (
+TORCH_THREADS = settings.value("METASD_TORCH_THREADS") or (
     max(1, _CORES // GEN_CONCURRENCY) if HOSTED else max(1, _CORES // (GEN_CONCURRENCY + 1)))
 # Rounds of many requests in one pass (metasd.serving.batch): on a CPU, on where the server is hosted (a class on
 # one machine), off locally (one teacher's browser) unless $METASD_BATCH says otherwise; only where the target's
@@ -74,24 +74,24 @@ TORCH_THREADS = int(os.environ.get("METASD_TORCH_THREADS", "0")) or (
 # verify ~2 ids, not 5, so a class of 32 streams at about a sixth of a run alone (docs/BENCHMARKS.md). 12x
 # lets a class of 32 start together on any of those lines; 8x left 4-10 of them waiting for whole runs.
 ZERO_GPU = os.environ.get("SPACES_ZERO_GPU", "").lower() in ("1", "t", "true")
-BATCH = os.environ.get("METASD_BATCH", "1" if HOSTED and not HAS_CUDA else "0") == "1" and not ZERO_GPU
-PASS_BLOCK = int(os.environ.get("METASD_PASS_BLOCK", "256" if HAS_CUDA else "0"))
+BATCH = settings.value("METASD_BATCH") and not ZERO_GPU
+PASS_BLOCK = settings.value("METASD_PASS_BLOCK")
 # ... in processes of their own (metasd.serving.remote), where torch's calls never wait for the server's event loop to
 # give the interpreter lock back: $METASD_ROUNDS_PROCESS of them (default one per core; 0: in the server's process),
 # each with $METASD_CROWD_THREADS torch threads while more than one run is served (TORCH_THREADS for a run alone;
 # 0: TORCH_THREADS always). A class's pass is compute-bound on one thread and a second thread in the same process
 # gained nothing, where two processes with half the class each served 1.5-1.8x the tokens on the engine alone and
 # about 1.2x through the server (docs/BENCHMARKS.md).
-ROUNDS_PROCESS = 0 if HAS_CUDA else max(0, int(os.environ.get("METASD_ROUNDS_PROCESS", str(_CORES))))
-CROWD_THREADS = int(os.environ.get("METASD_CROWD_THREADS", "1"))
+ROUNDS_PROCESS = 0 if HAS_CUDA else settings.value("METASD_ROUNDS_PROCESS")
+CROWD_THREADS = settings.value("METASD_CROWD_THREADS")
 # ... and in them, every running request's model-drafter forwards on one drafter in one pass ($METASD_BATCH_DRAFTS).
-BATCH_DRAFTS = os.environ.get("METASD_BATCH_DRAFTS", "1") == "1"
-BATCH_SLOWDOWN = float(os.environ.get("METASD_BATCH_SLOWDOWN", "12"))
-MAX_BATCH = int(os.environ.get("METASD_MAX_BATCH", "32"))
-KV_BUDGET_MB = int(os.environ.get("METASD_KV_BUDGET_MB", "4096"))
+BATCH_DRAFTS = settings.value("METASD_BATCH_DRAFTS")
+BATCH_SLOWDOWN = settings.value("METASD_BATCH_SLOWDOWN")
+MAX_BATCH = settings.value("METASD_MAX_BATCH")
+KV_BUDGET_MB = settings.value("METASD_KV_BUDGET_MB")
 # Prompt passes kept for the next run of the same prompt in company (metasd.decoding.prefix): a page example's
 # pass is 3-15 MB of keys and values on the offline preset.
-PREFIX_MB = int(os.environ.get("METASD_PREFIX_MB", "256"))
+PREFIX_MB = settings.value("METASD_PREFIX_MB")
 # The prompt's prefill is one large batch, where more threads do pay: every core's share for it.
 PREFILL_THREADS = max(TORCH_THREADS, _CORES // GEN_CONCURRENCY)
 MAX_NEW_TOKENS = 1024 if HAS_CUDA else 512
@@ -99,12 +99,12 @@ COMPARE_MAX_NEW_TOKENS = 256
 COMPARE_MAX_PROMPTS = 40 if HAS_CUDA else 21
 # While a run streams, the figures and the table refresh at most every PLOT_INTERVAL_S (the tokens up to
 # FRAME_FPS times a second): redrawing the two plotly figures is most of what a browser does during a run.
-PLOT_INTERVAL_S = float(os.environ.get("METASD_PLOT_INTERVAL", "1.0"))  # 0.5 s cost a browser twice the plotly time
-FRAME_FPS = float(os.environ.get("METASD_FRAME_FPS", "8"))  # frames a second at most (the token view)
+PLOT_INTERVAL_S = settings.value("METASD_PLOT_INTERVAL")  # 0.5 s cost a browser twice the plotly time
+FRAME_FPS = settings.value("METASD_FRAME_FPS")  # frames a second at most (the token view)
 # Frames a second for the whole server, shared by its open streams (metasd.serving.streaming.FrameBudget): one
 # stream keeps FRAME_FPS; 32 streams draw a frame each every second or so, which leaves the event loop free
 # to serve them (each frame costs it a few ms, whatever the frame carries).
-SERVER_FPS = float(os.environ.get("METASD_SERVER_FPS", "32"))
+SERVER_FPS = settings.value("METASD_SERVER_FPS")
 
 EXAMPLES: list[dict[str, Any]] = json.loads((ASSETS / "examples.json").read_text(encoding="utf-8"))
 TASKS = list(dict.fromkeys(e["category"] for e in EXAMPLES))
