@@ -212,10 +212,16 @@ def test_a_huge_recorded_time_never_holds_a_slot(server):
         ok, out, secs = replay_file(server, with_round(run_doc(), draft_ms=t, verify_ms=t, overhead_ms=t), speed=64)
         assert ok, out
         assert secs < 10  # clamped: 3 x 10 s recorded at 64x
-    # at the slowest speed the replay is bounded by REPLAY_MAX_S, and Stop (a private event) ends it at once
+    # at the slowest speed each round waits at most REPLAY_ROUND_MAX_S (2 s), the replay at most REPLAY_MAX_S,
+    # and Stop (a private event) ends it at once: twenty rounds that each claim the longest time a round may
+    doc = run_doc()
+    doc["rounds"] = [{**doc["rounds"][0], "round": i + 1, "draft_ms": 1e300} for i in range(20)]
+    started = time.perf_counter()
+    ok, out, _ = replay_file(server, {**doc, "rounds": doc["rounds"][:2]}, speed=0.25)
+    assert ok and time.perf_counter() - started < 15, "two rounds claiming 10 s each took longer than their cap"
     session = uuid.uuid4().hex[:12]
     box: dict[str, Any] = {}
-    doc = json.dumps(with_round(run_doc(), draft_ms=1e300)).encode()
+    doc = json.dumps(doc).encode()
     worker = threading.Thread(target=lambda: box.update(r=call(server, "replay", [upload(server, doc), None, 0.25],
                                                                timeout=200, session=session)))
     worker.start()
