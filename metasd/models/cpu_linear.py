@@ -72,19 +72,35 @@ class PackedLinear(nn.Module):
         self.bias = linear.bias
         self._reorder, self._op = reorder, op
         self.default_kernel = False  # set by `default_kernels`: compute as the layer did before packing
-        self.min_rows = 1  # calls of fewer rows are padded up to it (`min_rows_for`: row-invariant bits)
         self.register_buffer("packed", reorder(linear.weight.detach(), ROWS_HINT), persistent=False)
+        # The forward runs ~200 times a verification: it reads plain attributes, not nn.Module's registered ones
+        # (each a __getattr__ call), and one dict says which row counts are padded to how many.
+        object.__setattr__(self, "_w", self.packed)  # plain attributes (nn.Module would register the bias again)
+        object.__setattr__(self, "_b", self.bias)
+        self.min_rows = 1  # calls of fewer rows are padded up to it (`min_rows_for`: row-invariant bits)
+
+    @property
+    def min_rows(self) -> int:
+        return self._min_rows
+
+    @min_rows.setter
+    def min_rows(self, m: int) -> None:
+        self._min_rows = m
+        self._pads = {r: max(PAD_ROWS.get(r, r), m) for r in range(1, max(m, max(PAD_ROWS, default=0) + 1))
+                      if max(PAD_ROWS.get(r, r), m) != r}
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.default_kernel or (torch.is_grad_enabled() and (x.requires_grad or self.weight.requires_grad)):
             return F.linear(x, self.weight, self.bias)
-        rows = x.numel() // x.shape[-1] if x.shape[-1] else 0
-        pad = max(PAD_ROWS.get(rows, rows), self.min_rows) if rows else rows
-        if pad == rows:
-            return self._op(x, self.packed, self.bias, "none", [], "")
-        flat = x.reshape(rows, x.shape[-1])
-        y = self._op(torch.cat((flat, flat.new_zeros(pad - rows, flat.shape[1]))), self.packed, self.bias, "none", [], "")
-        return y[:rows].reshape(*x.shape[:-1], y.shape[-1])
+        shape = x.shape
+        rows = x.numel() // shape[-1] if shape[-1] else 0
+        pad = self._pads.get(rows)
+        if pad is None:
+            return self._op(x, self._w, self._b, "none", [], "")
+        flat = x.reshape(rows, shape[-1])
+        # torch.cat, not F.pad: 10 against 16 us a call here (the pad's Python wrapper and determinism checks)
+        y = self._op(torch.cat((flat, flat.new_zeros(pad - rows, shape[-1]))), self._w, self._b, "none", [], "")
+        return y[:rows].reshape(*shape[:-1], y.shape[-1])
 
     def plain(self) -> nn.Linear:
         """An `nn.Linear` on the same parameters."""
