@@ -233,3 +233,34 @@ def test_a_round_that_fails_outside_any_run_ends_that_rounds_runs_and_the_driver
                 list(s)
         later = prepare(b, PROMPTS[2], **_kw(2))
         assert _emitted(rounds.submit(later, steps(later, None))) == _emitted(generate(b, PROMPTS[2], **_kw(2)))
+
+
+def test_playground_simulations_run_one_at_a_time():
+    """Four visitors' simulations at once run one after another (each holds the interpreter lock for its length:
+    four together starved a generation beside them); every visitor still gets an answer."""
+    import time
+
+    from metasd.ui import playground as ui_playground
+
+    inside, most, real = [0], [0], ui_playground.compare
+
+    def counted(*a, **k):
+        inside[0] += 1
+        most[0] = max(most[0], inside[0])
+        time.sleep(0.05)
+        try:
+            return real(*a, **k)
+        finally:
+            inside[0] -= 1
+
+    policies, gamma, _, reward, full_info, spread, seed = ui_playground.PLAYGROUND_DEFAULTS
+    answers: list = []
+    with mock.patch.object(ui_playground, "compare", counted):
+        threads = [threading.Thread(target=lambda: answers.append(ui_playground.run_playground(
+            ui_playground.PLAYGROUND_DRAFTERS, list(policies), gamma, 200, reward, full_info, spread, seed)))
+            for _ in range(4)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(60)
+    assert len(answers) == 4 and most[0] == 1
