@@ -581,3 +581,16 @@ def test_front_matter_matches_requirements():
     assert pin, "requirements.txt pins gradio"
     assert front["sdk"] == "gradio" and str(front["sdk_version"]) == pin.group(1) == gradio.__version__, (
         front["sdk_version"], pin.group(1), gradio.__version__)
+
+
+def test_every_figure_the_readme_quotes_comes_from_benchmarks():
+    """Speed-ups, shares and tokens/s the README quotes are docs/BENCHMARKS.md's, character for character: a figure
+    measured anew goes into BENCHMARKS.md first. And that file keeps one section per topic, old runs in History."""
+    figures = set(re.findall(r"(?<![\w.])\d+(?:\.\d+)?(?:x|%)(?!\w)", readme()))
+    figures |= set(re.findall(r"(?<![\w.])(\d+(?:\.\d+)?) tokens/s", readme()))
+    assert len(figures) > 20, figures
+    assert sorted(f for f in figures if f not in benchmarks()) == []
+    sections = re.findall(r"(?m)^## (.+)$", benchmarks())
+    assert sections[-1] == "History"
+    topics = [re.sub(r"\s*\(.*\)$", "", t).split(":")[0].split(",")[0] for t in sections]
+    assert len(topics) == len(set(topics)), f"a topic with two current sections: {topics}"
