@@ -243,3 +243,20 @@ def test_rounds_take_every_core_only_while_nobody_computes_beside_them(bundle):
         assert rounds._threads_now == 1  # another process computes: one core each
     finally:
         torch.set_num_threads(before)
+
+
+def test_a_checked_job_is_started_as_it_is_in_the_child(bundle):
+    """The server checks a page run once (engine.check) and sends the result: the child starts it without
+    preparing it again (its prepare is made to fail here, before the fork), and the output is the solo one."""
+    from metasd.decoding.engine import check
+
+    with mock.patch("metasd.serving.remote.prepare", side_effect=AssertionError("prepared again in the child")):
+        proc = RoundsProcess(bundle, Rounds(bundle.target, max_batch=4, idle_s=5.0, share=True, crowd_threads=1))
+    try:
+        prepared = check(bundle, _prompts(2)[1], **_settings(1, 0.0))
+        assert _emitted(proc.submit(Job.of(prepared), threading.Event())) == _emitted(
+            generate(bundle, _prompts(2)[1], **_settings(1, 0.0)))
+        with pytest.raises(AssertionError, match="prepared again"):  # the raw path does prepare (the patch works)
+            list(proc.submit(Job(_prompts(1)[0], None, _settings(0, 0.0)), threading.Event()))
+    finally:
+        proc.close()

@@ -724,7 +724,7 @@ def test_compare_runs_join_the_shared_rounds(page_offline):
     slots = MODEL.slots
     ui_generate.start_rounds(bundle)
     try:
-        with mock.patch.object(ui_generate, "generate", side_effect=AssertionError("ran in the server's process")):
+        with mock.patch.object(ui_generate, "drive", side_effect=AssertionError("ran in the server's process")):
             table, _, _ = compare_prompt(PROMPT, "offline", PAGE_POLICY, 8, progress=lambda *a, **k: None)
         assert len(table) == len(bundle.drafter_names) + 2  # the target alone, each drafter alone, the bandit
         assert table["identical_to_target"].all() and (table["new_tokens"] == 8).all()
@@ -733,3 +733,27 @@ def test_compare_runs_join_the_shared_rounds(page_offline):
         MODEL.resize(slots)
     assert MODEL.running == 0 and not STOPS.runs
 
+
+
+def test_a_page_run_cleans_and_encodes_its_prompt_once(page_offline):
+    """One path for a prompt: the page's run checks it once (engine.check: cleaned, encoded, settings filled in)
+    and starts the engine on that, where the page used to clean it and the engine to clean it again."""
+    from metasd.decoding import engine
+
+    counts = {"clean": 0, "encode": 0}
+    clean, encode = engine.clean_prompt, engine.encode_prompt
+
+    def counted(name, fn):
+        def wrapper(*a, **k):
+            counts[name] += 1
+            return fn(*a, **k)
+        return wrapper
+
+    with mock.patch.object(engine, "clean_prompt", counted("clean", clean)), \
+            mock.patch.object(ui_generate, "clean_prompt", counted("clean", clean), create=True), \
+            mock.patch.object(engine, "encode_prompt", counted("encode", encode)):  # the page's own name, if any
+        frames = list(generate_view("  Say hello\u0007 to the class.  ", "offline", max_new_tokens=4,
+                                    request=req("one-path")))
+    assert counts == {"clean": 1, "encode": 1}, counts
+    last = frames[-1].record
+    assert last.summary is not None and last.prompt == "  Say hello to the class.  " and last.settings["gamma"]

@@ -60,10 +60,28 @@ def generate(bundle: Bundle, prompt: str | list[int], settings: Settings | None 
                    stop, inspect)
 
 
+@dataclass(frozen=True)
+class Prepared:
+    """A request checked once (`check`): its prompt cleaned (text; "" when given as ids), its prompt ids (chat
+    template applied), its settings with every default filled in. Small and picklable: the server checks a page
+    run once and sends this to the rounds' processes, which start it without cleaning, encoding or filling again."""
+
+    text: str
+    prompt_ids: list[int]
+    settings: Settings
+
+
 def prepare(bundle: Bundle, prompt: str | list[int], settings: Settings | None = None, *,
             max_new_tokens_limit: int | None = None, **overrides: Any) -> Request:
     """A checked Request, nothing run yet (generate's validation; raises InvalidInput). Drive it with
     generate's own loop, or join it to shared rounds: Rounds.submit(req, steps(req, stop))."""
+    return Request.of(bundle, check(bundle, prompt, settings, max_new_tokens_limit=max_new_tokens_limit, **overrides))
+
+
+def check(bundle: Bundle, prompt: str | list[int], settings: Settings | None = None, *,
+          max_new_tokens_limit: int | None = None, **overrides: Any) -> Prepared:
+    """The one path a prompt takes (raises InvalidInput): settings validated with the preset's defaults (gamma,
+    drafters) filled in, the text cleaned (validation.clean_prompt), encoded, checked against the context."""
     given = {f.name: getattr(settings, f.name) for f in fields(Settings)} if settings is not None else {}
     unknown = set(overrides) - {f.name for f in fields(Settings)}
     if unknown:
@@ -73,10 +91,8 @@ def prepare(bundle: Bundle, prompt: str | list[int], settings: Settings | None =
         opts["gamma"] = bundle.preset.gamma
     st = validate_settings(bundle.drafter_names, max_new_tokens_limit=max_new_tokens_limit,
                            default=bundle.default_drafters, **opts)
-    text_prompt = prompt if isinstance(prompt, str) else ""
-    if isinstance(prompt, str):
-        prompt = clean_prompt(prompt)
-    prompt_ids = encode_prompt(bundle, prompt, st.chat_template)
+    text = clean_prompt(prompt) if isinstance(prompt, str) else ""
+    prompt_ids = encode_prompt(bundle, text if isinstance(prompt, str) else prompt, st.chat_template)
     room = bundle.max_context - len(prompt_ids)
     if room < st.max_new_tokens + st.gamma + 1:
         raise InvalidInput(
@@ -84,7 +100,7 @@ def prepare(bundle: Bundle, prompt: str | list[int], settings: Settings | None =
             f"gamma={st.gamma} it must be at most {bundle.max_context - st.max_new_tokens - st.gamma - 1:,} "
             f"tokens (the model's context is {bundle.max_context:,})"
         )
-    return Request(bundle, text_prompt, prompt_ids, st)
+    return Prepared(text, list(prompt_ids), st)
 
 
 @dataclass
@@ -147,6 +163,11 @@ class Request:
         self.pre: dict[int, Draft] = {}  # this round's drafts of the model-free arms (sleeping arms)
         self.stop_reason = "max_new_tokens"
         self.round: Round | None = None  # the round in progress
+
+    @classmethod
+    def of(cls, bundle: Bundle, p: Prepared) -> Request:
+        """A request from a checked one (check): nothing is cleaned, encoded or validated again."""
+        return cls(bundle, p.text, p.prompt_ids, p.settings)
 
     def start(self) -> None:
         """The prompt's prefill. Deferred from the constructor so that it runs in the thread that consumes

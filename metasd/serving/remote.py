@@ -8,9 +8,9 @@ its time. The same Python work in another process costs the rounds nothing measu
 off at start-up, after its models are loaded: the child shares their weights (copy-on-write, never written) and
 owns every request's KV caches, drafters and bandit; the server keeps the page, the line and the frames.
 
-What crosses the pipes: a page run's job (its cleaned prompt, drafter names and settings: the child prepares
-the same Request the server validated), a Stop, and back each request's events (pickled dataclasses), its error
-and its end, with how many requests the latest pass verified together.
+What crosses the pipes: a page run's job (the request the server checked: its cleaned prompt, its prompt ids and
+its settings, defaults filled in; the child starts it as it is), a Stop, and back each request's events (pickled
+dataclasses), its error and its end, with how many requests the latest pass verified together.
 
 Why one process per core (RoundsPool): a class's pass is compute-bound on one core (the linear layers over
 every row, then attention request by request, in one thread), and a second torch thread in the same process
@@ -34,7 +34,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from metasd import settings
-from metasd.decoding.engine import prepare, steps
+from metasd.decoding.engine import Prepared, Request, prepare, steps
 from metasd.serving.batch import END, Rounds, _End, drain
 
 log = logging.getLogger(__name__)
@@ -49,13 +49,19 @@ NICE = settings.value("METASD_ROUNDS_NICE")
 
 @dataclass(frozen=True)
 class Job:
-    """What the rounds' process needs to prepare a page run's Request (metasd.decoding.engine.prepare)."""
+    """A run for the rounds' process: a request the server checked already (`prepared`, what the page sends: the
+    child starts it as it is), or the raw pieces for the child to check itself (metasd.decoding.engine.prepare)."""
 
-    prompt: str | list[int]  # the cleaned text, or ids as they are
-    drafters: list[str] | None
+    prompt: str | list[int] = ""  # the text, or ids as they are (without `prepared`)
+    drafters: list[str] | None = None
     settings: dict[str, Any] = field(default_factory=dict)
     max_new_tokens_limit: int | None = None
     timed: bool = False  # timed against the target alone (Compare): reads its own prompt, never a kept pass
+    prepared: Prepared | None = None
+
+    @classmethod
+    def of(cls, prepared: Prepared, timed: bool = False) -> Job:
+        return cls(timed=timed, prepared=prepared)
 
 
 class EngineGone(RuntimeError):
@@ -341,8 +347,9 @@ def _serve(bundle: Any, rounds: Rounds, cmds: Any, events: Any, servers_ends: li
             continue
         stop = stops[rid] = threading.Event()
         try:
-            req = prepare(bundle, job.prompt, drafters=job.drafters, max_new_tokens_limit=job.max_new_tokens_limit,
-                          **job.settings)
+            req = (Request.of(bundle, job.prepared) if job.prepared is not None else
+                   prepare(bundle, job.prompt, drafters=job.drafters, max_new_tokens_limit=job.max_new_tokens_limit,
+                           **job.settings))
         except BaseException as e:  # noqa: BLE001  (validated by the server already: reaches the run, not the child)
             send(rid, e)
             send(rid, END)

@@ -19,12 +19,11 @@ from metasd.core.validation import (
     PROMPT_SET_MAX_BYTES,
     InvalidInput,
     check_compare_work,
-    clean_prompt,
     first_per_category,
     number,
     parse_prompt_set,
 )
-from metasd.decoding.engine import generate
+from metasd.decoding.engine import check
 from metasd.decoding.lanes import lanes_for
 from metasd.decoding.loading import Bundle
 from metasd.models.spaces import MAX_S
@@ -39,11 +38,9 @@ from metasd.ui.session import STOPS, Cancelled, compare_key
 
 
 def _checked(bundle: Bundle, prompt: Any, limit: int, **settings: Any) -> str:
-    """Validate a request exactly as the engine will (metasd.core.validation, context length included)
+    """Check a request as the engine will (metasd.decoding.engine.check: settings, the prompt, the context length)
     without running it; returns the cleaned prompt. Raises InvalidInput."""
-    text = clean_prompt(prompt)
-    generate(bundle, text, max_new_tokens_limit=limit, **settings).close()  # validates eagerly, runs nothing
-    return text
+    return check(bundle, prompt, max_new_tokens_limit=limit, **settings).text
 
 
 def _methods(bundle: Bundle, policy: str) -> list[str]:
@@ -81,8 +78,9 @@ def _method_runs(bundle: Bundle, prompt: str, methods: list[str], max_new_tokens
         # Where the server shares rounds (a class on a Space), the run joins them like a student's; else in a
         # thread of its own with the engine worker's torch threads, as the target alone was timed.
         stop = threading.Event()
-        events = engine_events(bundle, prompt, None if alone is None else [alone],
-                               {"policy": m, "max_new_tokens": max_new_tokens}, stop, timed=True)
+        prepared = check(bundle, prompt, drafters=None if alone is None else [alone], policy=m,
+                         max_new_tokens=max_new_tokens, max_new_tokens_limit=COMPARE_MAX_NEW_TOKENS)
+        events = engine_events(bundle, prepared, stop, timed=True)
         with MODEL.hold():  # the page's one stream driver, as Generate's runs (its worker: a thread of its own)
             out[m] = EngineStream(events, stop, prefill_threads=THREADS[0], torch_threads=THREADS[1]).collect()
     return out, base_tps, ids

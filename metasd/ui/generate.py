@@ -14,8 +14,8 @@ import gradio as gr
 
 from metasd.bandits.policies import POLICIES, single_method
 from metasd.core import defaults
-from metasd.core.validation import InvalidInput, clean_prompt
-from metasd.decoding.engine import encode_prompt, generate, prepare, steps
+from metasd.core.validation import InvalidInput
+from metasd.decoding.engine import Prepared, Request, check, drive, encode_prompt, steps
 from metasd.decoding.lanes import lanes_for
 from metasd.decoding.loading import Bundle
 from metasd.decoding.numerics import first_divergence
@@ -120,15 +120,15 @@ def generate_view(prompt: str, preset: str = DEFAULT_PRESET, drafters: list[str]
         bundle = bundle_for(preset)
         names = bundle.drafter_names
         drafters = _drafters_asked(names, drafters)
-        gamma = bundle.preset.gamma if gamma is None else gamma  # None: the preset's (metasd.core.defaults)
         settings = {"policy": policy, "reward": reward, "gamma": gamma, "max_new_tokens": max_new_tokens,
                     "temperature": temperature, "top_p": top_p, "seed": seed, "full_info": full_info,
                     "priors": not cold}
-        text, events = _start_engine(bundle, prompt, drafters, settings, stop)
+        prepared, events = _start_engine(bundle, prompt, drafters, settings, stop)
+        settings = {**settings, "gamma": prepared.settings.gamma}  # None asked the preset's: the record says which
         if not registered:
             register(key, stop)
             registered = True
-        record = RunRecord(preset=bundle.preset.name, prompt=text, settings=settings, all_drafters=names,
+        record = RunRecord(preset=bundle.preset.name, prompt=prepared.text, settings=settings, all_drafters=names,
                            drafters=list(drafters) if drafters else names)
         view = viz.LiveView(viz.drafter_colors(names), record.drafters, placeholder=STREAM_PLACEHOLDER)
         yield from map(Unchanged(), _stream(events, stop, view, record, baselines, key, SessionReader(key)))
@@ -171,33 +171,34 @@ def _drafters_asked(names: list[str], drafters: Any) -> Any:
 
 
 def _start_engine(bundle: Bundle, prompt: Any, drafters: Any, settings: dict[str, Any],
-                  stop: threading.Event) -> tuple[str, Iterator[Any]]:
-    """The cleaned prompt and the engine's event stream (validated at once, nothing run yet)."""
+                  stop: threading.Event) -> tuple[Prepared, Iterator[Any]]:
+    """The request checked once (its cleaned prompt, ids and settings) and the engine's event stream, nothing run
+    yet."""
     try:
-        text = clean_prompt(prompt)
         asked = list(drafters) if isinstance(drafters, list | tuple) else drafters
-        events = engine_events(bundle, text, asked, settings, stop)
+        prepared = check(bundle, prompt, drafters=asked, max_new_tokens_limit=MAX_NEW_TOKENS, **settings)
+        events = engine_events(bundle, prepared, stop)
     except InvalidInput as e:
         raise refused(e) from None
     except Exception as e:  # e.g. the tokenizer failing on something validation let through
         raise failure(e) from None
-    return text, events
+    return prepared, events
 
 
-def engine_events(bundle: Bundle, text: str, drafters: list[str] | None, settings: dict[str, Any],
-                  stop: threading.Event, timed: bool = False) -> Iterator[Any]:
-    """One run's events (validated at once, nothing run until read): in the shared rounds where this server has
-    them for this preset (start_rounds), with everyone else's runs, else from the engine alone. Generate's runs
-    and each of Compare's come this way. A `timed` run (Compare's, set against the target alone timed in this
-    process) reads its own prompt in the rounds, and skips them where their passes are padded into blocks
-    (a GPU's): there it would be timed on another computation than the target alone."""
+def engine_events(bundle: Bundle, prepared: Prepared, stop: threading.Event, timed: bool = False) -> Iterator[Any]:
+    """One checked run's events (nothing run until read): in the shared rounds where this server has them for this
+    preset (start_rounds), with everyone else's runs, else from the engine alone. Generate's runs and each of
+    Compare's come this way. A `timed` run (Compare's, set against the target alone timed in this process) reads
+    its own prompt in the rounds, and skips them where their passes are padded into blocks: there it would be
+    timed on another computation than the target alone."""
     rounds = SHARED.now
     if rounds is not None and bundle.target is rounds.model and not (timed and rounds.block):
-        req = prepare(bundle, text, drafters=drafters, max_new_tokens_limit=MAX_NEW_TOKENS, **settings)  # checks it
+        if isinstance(rounds, RoundsPool):
+            return rounds.submit(Job.of(prepared, timed), stop)
+        req = Request.of(bundle, prepared)
         req.timed = timed
-        return (rounds.submit(Job(text, drafters, settings, MAX_NEW_TOKENS, timed), stop)
-                if isinstance(rounds, RoundsPool) else _shared(rounds, req, stop))
-    return generate(bundle, text, drafters=drafters, stop=stop, max_new_tokens_limit=MAX_NEW_TOKENS, **settings)
+        return _shared(rounds, req, stop)
+    return drive(Request.of(bundle, prepared), stop)
 
 
 # Rounds of many requests in one pass (metasd.serving.batch.Rounds), where start_rounds set them up, in this process
