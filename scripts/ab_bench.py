@@ -50,30 +50,41 @@ def export(rev: str, into: Path) -> str:
     return commit
 
 
-def select_prompts(path: Path, categories: str | None, per_category: int) -> list[dict]:
-    """Spec-Bench lines as `bench` selects them: the named categories, the first N of each in file order."""
+# MT-Bench's sub-categories, as metasd.benchmark.bench.MT_BENCH names them (this script imports no torch)
+MT_BENCH_NAMES = ("writing", "roleplay", "reasoning", "math", "coding", "extraction", "stem", "humanities")
+
+
+def select_prompts(path: Path, categories: str | None, per_category: int, tasks: bool = False) -> list[dict]:
+    """Spec-Bench lines as `bench` selects them: the named categories, the first N of each in file order. With
+    `tasks` (bench's --spec-bench-tasks), MT-Bench's eight sub-categories are one task, mt_bench, whose first N
+    are taken one from each sub-category in turn (bench.load_prompts' rule); each keeps its category in the chunk's
+    file, and bench regroups them itself."""
+    lines = [json.loads(ln) for ln in path.read_text(encoding="utf-8").splitlines() if ln.strip()]
+    if tasks:
+        by_sub = {c: [q for q in lines if q.get("category") == c] for c in MT_BENCH_NAMES}
+        mixed = [by_sub[c][i] for i in range(max(map(len, by_sub.values()), default=0)) for c in MT_BENCH_NAMES
+                 if i < len(by_sub[c])]
+        lines = mixed + [q for q in lines if q.get("category") not in MT_BENCH_NAMES]
     wanted = set(categories.split(",")) if categories else None
     taken: dict[str, int] = {}
     out = []
-    for line in path.read_text(encoding="utf-8").splitlines():
-        if not line.strip():
-            continue
-        q = json.loads(line)
-        cat = q.get("category", "")
+    for q in lines:
+        cat = "mt_bench" if tasks and q.get("category") in MT_BENCH_NAMES else q.get("category", "")
         if (wanted is None or cat in wanted) and (per_category <= 0 or taken.get(cat, 0) < per_category):
             taken[cat] = taken.get(cat, 0) + 1
             out.append(q)
     return out
 
 
-def chunks(prompts: list[dict], by: str) -> list[list[dict]]:
+def chunks(prompts: list[dict], by: str, tasks: bool = False) -> list[list[dict]]:
     if by == "prompt":
         return [[q] for q in prompts]
     if by == "all":
         return [prompts]
     groups: dict[str, list[dict]] = {}
     for q in prompts:
-        groups.setdefault(q.get("category", ""), []).append(q)
+        cat = q.get("category", "")
+        groups.setdefault("mt_bench" if tasks and cat in MT_BENCH_NAMES else cat, []).append(q)
     return list(groups.values())
 
 
@@ -154,6 +165,8 @@ def main() -> int:
     ap.add_argument("--pairs", type=int, default=1, help="how many times both revisions run every chunk")
     ap.add_argument("--chunk", choices=("category", "prompt", "all"), default="category",
                     help="prompts per bench process (each process loads the model and warms up once)")
+    ap.add_argument("--spec-bench-tasks", action="store_true",
+                    help="MT-Bench's sub-categories as one task (also passed to bench)")
     ap.add_argument("--work", default=None, help="folder for the exported revisions and the runs (default: a temp one)")
     a, bench_args = ap.parse_known_args()
 
@@ -161,7 +174,10 @@ def main() -> int:
     labels = ("A", "B")
     trees = {label: work / f"rev-{label}" for label in labels}
     commits = {label: export(rev, trees[label]) for label, rev in zip(labels, (a.rev_a, a.rev_b), strict=True)}
-    todo = chunks(select_prompts(Path(a.prompts), a.categories, a.per_category), a.chunk)
+    todo = chunks(select_prompts(Path(a.prompts), a.categories, a.per_category, a.spec_bench_tasks), a.chunk,
+                  a.spec_bench_tasks)
+    if a.spec_bench_tasks:
+        bench_args = ["--spec-bench-tasks", *bench_args]
     if not todo or not todo[0]:
         sys.exit("no prompts selected")
     print(cpu_line(), flush=True)
