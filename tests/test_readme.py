@@ -31,7 +31,7 @@ CLI_TIMEOUT_S = 180
 # (program, subcommand) of every command kind that has a smoke test in this file.
 COVERED = {("make", "run"), ("make", "test"), ("metasd", "generate"), ("metasd", "bench"), ("metasd", "drafters"),
            ("metasd", "replay"), ("metasd", "priors"), ("metasd", "config"), ("metasd.training.train", None),
-           ("scripts/load_users.py", None)}
+           ("scripts/load_users.py", None), ("scripts/ab_bench.py", None)}
 
 # Files the README names that do not exist: none. An entry here would fail the test once the file
 # exists (or the README stops naming it), so the list cannot go stale.
@@ -364,16 +364,18 @@ def test_priors_command(tmp_path):
 def test_load_users_command():
     """The class-at-once measurement, as BENCHMARKS.md runs it, with two users and a few tokens."""
     cmds = commands_of(("scripts/load_users.py", None), "benchmarks")
-    assert [flags(c) for c in cmds] == [["--max-new-tokens", "--users"],
-                                        ["--max-new-tokens", "--users"],
-                                        ["--beside", "--engine-only", "--max-new-tokens", "--users"],
-                                        ["--max-new-tokens", "--users"],
-                                        ["--draft-batching", "--engine-only", "--max-new-tokens", "--users"],
-                                        ["--draft-batching", "--max-new-tokens", "--users"],
-                                        ["--batching", "--max-new-tokens", "--users"],
-                                        ["--batching", "--distinct", "--max-new-tokens", "--users"],
-                                        ["--engine-only", "--max-new-tokens", "--users"]], cmds
-    cmd = cmds[7]  # every flag of the server's commands but one: each user on a prompt of its own
+    assert sorted(flags(c) for c in cmds) == sorted([["--max-new-tokens", "--users"],
+                                                     ["--max-new-tokens", "--users"],
+                                                     ["--beside", "--engine-only", "--max-new-tokens", "--users"],
+                                                     ["--max-new-tokens", "--users"],
+                                                     ["--draft-batching", "--engine-only", "--max-new-tokens", "--users"],
+                                                     ["--draft-batching", "--max-new-tokens", "--users"],
+                                                     ["--batching", "--max-new-tokens", "--users"],
+                                                     ["--batching", "--distinct", "--max-new-tokens", "--users"],
+                                                     ["--engine-only", "--max-new-tokens", "--users"]]), cmds
+    # every flag of the server's commands but one: each user on a prompt of its own
+    cmd = next(c for c in cmds if "--distinct" in flags(c))
+    beside = next(c for c in cmds if "--beside" in flags(c))
     p = ok(run([program(cmd), "scripts/load_users.py", "--users", "2", "--max-new-tokens", "8", "--prompts", "2",
                 "--timeout", "120", "--batching", "on", "--distinct"], timeout=280))
     rows = [line for line in p.stdout.splitlines() if line.startswith("| 2 | on |")]
@@ -386,7 +388,7 @@ def test_load_users_command():
     assert f"# shared rounds in process{'es' if (os.cpu_count() or 1) > 1 else ''} " in p.stdout, p.stdout
     # The engine alone, each request's drafter forwards on their own (drafting together is on in the server run),
     # with a process of plain Python work beside it (BENCHMARKS' second command).
-    p = ok(run([program(cmds[2]), "scripts/load_users.py", "--users", "2", "--max-new-tokens", "8", "--prompts", "2",
+    p = ok(run([program(beside), "scripts/load_users.py", "--users", "2", "--max-new-tokens", "8", "--prompts", "2",
                 "--engine-only", "--draft-batching", "off", "--beside", "process", "--beside-share", "0.1"], timeout=280))
     rows = [line for line in p.stdout.splitlines()
             if line.startswith("| 2 | engine only, process beside (10% of a core) |")]
@@ -450,6 +452,16 @@ def test_replay_command():
     assert (ROOT / run_file).exists(), run_file
     p = ok(run([program(cmd), "-m", "metasd", "replay", run_file, "--speed", "0"]))
     assert "stopped by" in p.stdout
+
+
+@pytest.mark.timeout(CLI_TIMEOUT_S)
+def test_ab_bench_command():
+    """The A/B command as BENCHMARKS.md runs it: its own flags are in its --help, and the rest go to bench's, whose
+    --help has them (a full run takes two revisions' benchmarks: tests/test_bench.py covers its parts)."""
+    (cmd,) = commands_of(("scripts/ab_bench.py", None), "benchmarks")
+    own = ok(run([program(cmd), "scripts/ab_bench.py", "--help"])).stdout + help_text("metasd", "bench")
+    missing = [f for f in flags(cmd) if not re.search(rf"(?<![\w-]){re.escape(f)}(?![\w-])", own)]
+    assert not missing, missing
 
 
 @pytest.mark.timeout(CLI_TIMEOUT_S)
