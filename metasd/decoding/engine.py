@@ -92,7 +92,7 @@ def check(bundle: Bundle, prompt: str | list[int], settings: Settings | None = N
     st = validate_settings(bundle.drafter_names, max_new_tokens_limit=max_new_tokens_limit,
                            default=bundle.default_drafters, **opts)
     text = clean_prompt(prompt) if isinstance(prompt, str) else ""
-    prompt_ids = encode_prompt(bundle, text if isinstance(prompt, str) else prompt, st.chat_template)
+    prompt_ids = encode_prompt(bundle, text or prompt, st.chat_template)
     room = bundle.max_context - len(prompt_ids)
     if room < st.max_new_tokens + st.gamma + 1:
         raise InvalidInput(

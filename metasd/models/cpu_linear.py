@@ -125,6 +125,14 @@ class PackedLinear(nn.Module):
         return f"in_features={self.in_features}, out_features={self.out_features}, packed=oneDNN{pad}"
 
 
+def rows_agree(fn: Callable[[torch.Tensor], torch.Tensor], x: torch.Tensor, windows: list[tuple[int, int]]) -> bool:
+    """Whether `fn` (row-wise) gives the first row of each window x[:, j: j + n] the bits it gives row j of x when
+    called on all of x's rows at once: a row's result does not depend on the rows beside it. The one probe behind
+    `min_rows_for` and metasd.serving.batch.row_invariant."""
+    together = fn(x)[0]
+    return all(torch.equal(fn(x[:, j: j + n])[0, 0], together[j]) for j, n in windows)
+
+
 @torch.no_grad()
 def min_rows_for(layer: nn.Module, tried: tuple[int, ...] = MIN_ROWS_TRIED, rows: int = 24, seed: int = 0) -> int:
     """The fewest rows a call of `layer` (a PackedLinear) must have, zero rows padding smaller calls, for every row
@@ -132,13 +140,12 @@ def min_rows_for(layer: nn.Module, tried: tuple[int, ...] = MIN_ROWS_TRIED, rows
     (the model is then not batch-invariant: the shared rounds run their passes in blocks, metasd.serving.batch)."""
     g = torch.Generator().manual_seed(seed)
     x = torch.randn(1, rows, layer.in_features, generator=g).to(layer.weight.dtype)
+    windows = [(j, n) for n in (1, 2, 3, 5, 9, 17) for j in (0, 1, rows // 2, rows - n) if 0 <= j and j + n <= rows]
     before = layer.min_rows
     try:
         for m in tried:
             layer.min_rows = m
-            together = layer(x)[0]
-            if all(torch.equal(layer(x[:, j: j + n])[0, 0], together[j])
-                   for n in (1, 2, 3, 5, 9, 17) for j in (0, 1, rows // 2, rows - n) if 0 <= j and j + n <= rows):
+            if rows_agree(layer, x, windows):
                 return m
         return 0
     finally:

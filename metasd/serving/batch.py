@@ -37,6 +37,7 @@ from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
 from metasd.core.events import RoundEvent
 from metasd.core.passes import DraftPart, VerifyPart, crop_to, forward_alone
 from metasd.decoding.prefix import PrefixStore
+from metasd.models.cpu_linear import rows_agree
 
 try:
     from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
@@ -176,11 +177,9 @@ def row_invariant(model: torch.nn.Module, rows: int = 48, seed: int = 0, block: 
         seen.add(kind)
         dtype = next((p.dtype for p in m.parameters() if p.is_floating_point()), torch.float32)
         x = torch.randn(1, rows, m.in_features, generator=g).to(dev, dtype)
-        together = rowwise(m, x, block)[0]
-        for j in (0, 1, rows // 2, rows - 1):
-            for n in (1, 2, 3, 5, 9):
-                if j + n <= rows and not torch.equal(rowwise(m, x[:, j: j + n], block)[0, 0], together[j]):
-                    return False
+        windows = [(j, n) for j in (0, 1, rows // 2, rows - 1) for n in (1, 2, 3, 5, 9) if j + n <= rows]
+        if not rows_agree(lambda t, m=m: rowwise(m, t, block), x, windows):
+            return False
     return True
 
 
@@ -220,15 +219,16 @@ def check_shared_pass(model: torch.nn.Module, block: int = 0, seed: int = 0) -> 
         model(input_ids=torch.tensor([ctx], device=dev), past_key_values=c, use_cache=True)
         caches.append(c)
 
-    def parts() -> list[VerifyPart]:
-        return [VerifyPart(f, len(ctx), deepcopy(c)) for f, ctx, c in zip(feeds, contexts, caches, strict=True)]
+    def part(i: int) -> VerifyPart:  # request i on a copy of its cache (each pass extends the cache it is given)
+        return VerifyPart(feeds[i], len(contexts[i]), deepcopy(caches[i]))
 
-    together = verify_together(model, parts(), block)
-    for i, (part, got) in enumerate(zip(parts(), together, strict=True)):
-        pos = torch.arange(part.start, part.start + len(part.ids), device=dev).view(1, -1)
-        own = model(input_ids=torch.tensor([part.ids], device=dev), position_ids=pos, past_key_values=part.cache,
+    together = verify_together(model, [part(i) for i in range(len(shapes))], block)
+    for i, got in enumerate(together):
+        p = part(i)
+        pos = torch.arange(p.start, p.start + len(p.ids), device=dev).view(1, -1)
+        own = model(input_ids=torch.tensor([p.ids], device=dev), position_ids=pos, past_key_values=p.cache,
                      use_cache=True).logits[0]
-        alone = own if not block else verify_together(model, [parts()[i]], block)[0]
+        alone = own if not block else verify_together(model, [part(i)], block)[0]
         if not torch.equal(got, alone):
             return f"request {i + 1} of 3 got other logits in company than alone"
         scale = own.abs().max().item() + 1e-6
