@@ -47,6 +47,17 @@ def topk_logp(logits: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]
     return i, v
 
 
+def left_pad(rows: list[list[int]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Prompts of different lengths as one batch for `generate`: (ids, attention mask), padded on the left."""
+    width = max(len(r) for r in rows)
+    inp = torch.full((len(rows), width), pad_id, dtype=torch.long)
+    mask = torch.zeros_like(inp)
+    for i, r in enumerate(rows):
+        inp[i, width - len(r) :] = torch.tensor(r)
+        mask[i, width - len(r) :] = 1
+    return inp, mask
+
+
 @torch.inference_mode()
 def answer_examples(target: PreTrainedModel, prompts: list[list[int]], max_new_tokens: int, eos_ids: set[int],
                     pad_id: int = 0, batch_size: int = 16, topk: int = 16, desc: str = "target answers") -> list[Example]:
@@ -62,13 +73,8 @@ def answer_examples(target: PreTrainedModel, prompts: list[list[int]], max_new_t
     bar = tqdm(total=len(prompts), desc=desc, unit="prompt", dynamic_ncols=True, file=sys.stderr)
     for b0 in range(0, len(order), batch_size):
         idx = order[b0 : b0 + batch_size]
-        width = max(len(prompts[i]) for i in idx)
-        inp = torch.full((len(idx), width), pad_id, dtype=torch.long)
-        mask = torch.zeros_like(inp)
-        for r, i in enumerate(idx):
-            p = prompts[i]
-            inp[r, width - len(p) :] = torch.tensor(p)
-            mask[r, width - len(p) :] = 1
+        inp, mask = left_pad([prompts[i] for i in idx], pad_id)
+        width = inp.shape[1]
         gen = target.generate(inp.to(dev), attention_mask=mask.to(dev), do_sample=False, max_new_tokens=max_new_tokens,
                               eos_token_id=eos, pad_token_id=pad_id, output_logits=True, return_dict_in_generate=True)
         seq = gen.sequences[:, width:].cpu()

@@ -1,0 +1,121 @@
+"""The specialists' data pipeline: held-out prompts refused, shards that resume, real text parsed."""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+import numpy as np
+
+from metasd.paths import EXAMPLES_FILE
+from metasd.training import corpus, sources
+
+
+def _examples() -> list[str]:
+    return [t for row in json.loads(EXAMPLES_FILE.read_text(encoding="utf-8")) for t in row["turns"]]
+
+
+def test_held_out_refuses_benchmark_prompts_and_page_examples(tmp_path):
+    bench = tmp_path / "question.jsonl"
+    spec = ("Imagine you are writing a blog post comparing two popular smartphone models. Develop an outline "
+            "for the blog post, including key points and subheadings.")
+    bench.write_text(json.dumps({"question_id": 1, "turns": [spec]}) + "\n", encoding="utf-8")
+    held = corpus.HeldOut.default(specbench=bench)
+    example = _examples()[0]
+    assert held.hits(spec) and held.hits(spec.upper() + "  ")  # case and spacing do not hide it
+    assert held.hits("Please help me with this:\n\n" + spec)  # nor a template around it
+    assert held.hits(example) and held.hits(f"Answer briefly. {example}")
+    # Eight words in a row taken out of a benchmark prompt are enough.
+    assert held.hits("Notes: comparing two popular smartphone models. Develop an outline for the talk.")
+    # Prompts of the same kind and words that are not copied pass.
+    assert not held.hits("Write a blog post outline that compares two laptops, with subheadings.")
+    assert not held.hits("Translate into French: The museum opens at ten.")
+
+
+def test_every_domain_makes_prompts_none_held_out():
+    held = corpus.HeldOut.default()
+    for domain in corpus.DOMAINS:
+        prompts = corpus.domain_prompts(domain, seed=5, n=12)
+        assert len(prompts) >= 8, domain
+        assert corpus.domain_prompts(domain, seed=5, n=12) == prompts  # reproducible from the seed
+        assert all(p.licence and p.source for p in prompts)
+        assert sum(held.hits(p.text) for p in prompts) == 0, domain
+
+
+def test_shard_plan_cycles_domains_and_holds_out_a_round():
+    plan = [corpus.shard_plan(i) for i in range(6 * 18)]
+    assert [d for d, _ in plan[:6]] == list(corpus.DOMAINS)
+    assert {s for _, s in plan[6:12]} == {"eval"} and {s for _, s in plan[:6] + plan[12:96]} == {"train"}
+    assert {s for _, s in plan[96 + 6 : 96 + 12]} == {"eval"}
+
+
+def test_troff_prose_without_markup():
+    src = "\n".join([
+        '.\\" a comment that must vanish', ".TH XZ 1", ".SH NAME", "xz \\- compress \\fB.xz\\fP files",
+        ".SH DESCRIPTION", "\\fBxz\\fR is a \\fIgeneral\\-purpose\\fP tool.", "It reads \\(lqfiles\\(rq.", ".PP",
+        ".B \"Second paragraph\"", "continues here.", ".IP \\(bu 3", "A bullet.",
+    ])
+    assert sources.troff_text(src) == [
+        ("NAME", "xz - compress .xz files"),
+        ("DESCRIPTION", 'xz is a general-purpose tool. It reads "files".'),
+        ("DESCRIPTION", "Second paragraph continues here."),
+        ("DESCRIPTION", "A bullet."),
+    ]
+
+
+def test_passages_record_a_licence():
+    import random
+
+    p = sources.pydoc_passage(random.Random(0))
+    assert p is not None and p.licence == sources.PSF and len(p.text) >= 200
+    families = sources.man_families(sources.man_pages())
+    if families:  # the Debian man pages are on this machine, maybe not on another
+        m = sources.man_passage(random.Random(0), families)
+        assert m is not None and m.source.startswith("man:") and m.licence
+
+
+def _args(**kw) -> argparse.Namespace:
+    a = corpus.build_parser().parse_args([])
+    a.prompts_per_shard, a.max_new_tokens, a.batch = 3, 6, 2
+    vars(a).update(kw)
+    return a
+
+
+def test_shards_drop_held_out_prompts_and_resume(offline, tmp_path, monkeypatch):
+    example = _examples()[1]
+    real = corpus.domain_prompts
+
+    def planted(domain: str, seed: int, n: int) -> list[corpus.Prompt]:
+        return [corpus.Prompt(example, "templates", corpus.OWN)] + real(domain, seed, n - 1)
+
+    monkeypatch.setattr(corpus, "domain_prompts", planted)
+    held = corpus.HeldOut.default()
+    made = {}
+    for i in (0, 2):
+        rows, info = corpus.make_shard(i, offline, _args(), held)
+        corpus.write_shard(tmp_path, i, rows, info)
+        made[i] = rows
+        assert info["held_out_dropped"] == 1 and info["answers"] == len(rows) == 2
+        assert all(example not in offline.tokenizer.decode(p) for p, _ in rows)
+    # A shard cut off before its .json was written is not done, so a rerun makes it again.
+    np.savez(tmp_path / "shard-00001.npz", ids=np.zeros(3, np.uint16), lengths=np.zeros((0, 2), np.int32))
+    assert corpus.done_shards(tmp_path) == [0, 2]
+    back = corpus.read_shard(tmp_path, 2)
+    assert back == made[2] and all(len(a) <= 6 for _, a in back)
+    man = corpus.write_manifest(tmp_path)
+    assert man["shards"] == 2 and man["answer_tokens"] == sum(len(a) for r in made.values() for _, a in r)
+    assert set(man["by_domain"]) == {"code/train", "translation/train"}
+    assert list(corpus.iter_corpus(tmp_path, domain="translation")) == back
+
+
+def test_answers_equal_the_targets_own_greedy(offline, reference_model):
+    """Batched, left-padded answers are the target's greedy answers (a padding bug shows here)."""
+    import torch
+
+    prompts = [corpus.encode(offline.tokenizer, t, 640) for t in ("Name a colour.", "What is two plus two? Explain.")]
+    outs = corpus.answers(offline.target, prompts, 8, offline.eos_ids, offline.tokenizer.pad_token_id or 0, 2)
+    for p, out in zip(prompts, outs, strict=True):
+        ref = reference_model.generate(torch.tensor([p]), do_sample=False, max_new_tokens=8,
+                                       pad_token_id=offline.tokenizer.pad_token_id or 0)[0, len(p):].tolist()
+        cut = next((j + 1 for j, t in enumerate(ref) if t in offline.eos_ids), len(ref))
+        assert out == ref[:cut]
