@@ -22,11 +22,16 @@ from metasd.core.events import Summary
 from metasd.core.runfile import MAX_BYTES, parse_run, run_document
 from metasd.core.validation import InvalidInput, clean_prompt, validate_settings
 from metasd.drafting.registry import load_plugins, registered
+from metasd.models.colors import drafter_colors
 from metasd.models.presets import DEFAULT_PRESET, PRESETS, get_preset
 
-# A distinct terminal colour per drafter (cycled); the target's own tokens stay plain.
-_COLOURS = ["\033[38;5;39m", "\033[38;5;208m", "\033[38;5;41m", "\033[38;5;170m", "\033[38;5;220m", "\033[38;5;45m"]
 _RESET, _STRIKE, _DIM = "\033[0m", "\033[9m", "\033[2m"
+
+
+def _terminal(hex_color: str) -> str:
+    """The page's colour of a drafter as a 24-bit terminal colour: one colour per drafter everywhere."""
+    r, g, b = (int(hex_color[i : i + 2], 16) for i in (1, 3, 5))
+    return f"\033[38;2;{r};{g};{b}m"
 
 
 def _generate_args(sub: argparse._SubParsersAction) -> None:
@@ -90,7 +95,7 @@ def cmd_generate(a: argparse.Namespace) -> int:
         temperature=a.temperature, top_p=a.top_p, top_k=a.top_k, seed=a.seed,
         chat_template=not a.no_chat_template, full_info=a.full_info, priors=not a.cold,
     )
-    colours = {n: _COLOURS[i % len(_COLOURS)] for i, n in enumerate(bundle.drafter_names)}
+    colours = {n: _terminal(c) for n, c in drafter_colors(bundle.drafter_names).items()}
     tty = sys.stdout.isatty() and not a.json
     rounds = []
     if not a.json:
@@ -119,9 +124,7 @@ def cmd_generate(a: argparse.Namespace) -> int:
 def json_document(a: argparse.Namespace, bundle: Any, rounds: list[Any], summary: Any) -> dict[str, Any]:
     """`generate --json`'s one object: a run file, the --json contract plus what `replay` needs
     (metasd.core.runfile). A new field of the output goes here."""
-    # Deferred on purpose: the view module pulls in plotly, which only --json's colours need.
     from metasd.decoding.lanes import lanes_for
-    from metasd.ui.viz import drafter_colors
 
     return run_document(a.prompt, rounds, summary, preset=bundle.preset.name, target=bundle.preset.target,
                         drafters=list(rounds[0].probabilities) if rounds else bundle.default_drafters,
@@ -201,7 +204,7 @@ def cmd_replay(a: argparse.Namespace) -> int:
     except OSError as e:
         raise InvalidInput(f"cannot read {path}: {e.strerror}") from None
     names = list(dict.fromkeys([*run.colors, *run.drafters, *(ev.drafter for ev in run.rounds)]))
-    colours = {n: _COLOURS[i % len(_COLOURS)] for i, n in enumerate(names)}
+    colours = {n: _terminal(c) for n, c in drafter_colors(names).items()}
     tty = sys.stdout.isatty()
     print(f"replaying {path.name}: preset {run.preset or '?'}, {len(run.rounds)} rounds"
           + (f", {speed:g}x" if speed else ", at once"))

@@ -359,15 +359,60 @@ def test_every_drafter_of_a_preset_has_its_own_underline_and_the_stylesheet_draw
     token recycling), and each look is a rule of the page's stylesheet."""
     import re
 
+    from metasd.models.colors import UNDERLINES
     from metasd.models.presets import PRESETS
     from metasd.paths import ROOT
 
     css = (ROOT / "assets" / "style.css").read_text(encoding="utf-8")
     rules = dict(re.findall(r"\.u-([\w-]+) \{([^}]*)\}", css))
-    assert set(viz.UNDERLINES) <= set(rules), set(viz.UNDERLINES) - set(rules)
-    assert len({rules[u].strip() for u in viz.UNDERLINES}) == len(viz.UNDERLINES), "two looks draw the same line"
+    assert set(UNDERLINES) <= set(rules), set(UNDERLINES) - set(rules)
+    assert len({rules[u].strip() for u in UNDERLINES}) == len(UNDERLINES), "two looks draw the same line"
     for preset in PRESETS.values():
         colors = viz.drafter_colors(preset.drafter_names)
         looks = [viz.underline_of(colors, n) for n in preset.drafter_names]
         assert len(set(looks)) == len(looks), (preset.name, looks)
         assert len({(colors[n], u) for n, u in zip(preset.drafter_names, looks, strict=True)}) == len(looks)
+
+
+def test_a_drafters_colour_is_its_own_in_every_view():
+    """Colour comes from the name: a view showing a few drafters colours them as the full view does,
+    no two drafters of any preset share a colour, and the CLI prints the page's colour."""
+    from metasd.cli import _terminal
+    from metasd.models.colors import PALETTE, canonical_names
+    from metasd.models.presets import PRESETS
+
+    full = viz.drafter_colors(PRESETS["offline"].drafter_names)
+    assert len(set(full.values())) == len(full) == 10
+    canon = canonical_names()
+    assert len({viz.drafter_colors([n])[n] for n in canon}) == len(canon) <= len(PALETTE)
+    for preset in PRESETS.values():
+        names = preset.drafter_names
+        colors = viz.drafter_colors(names)
+        assert len(set(colors.values())) == len(names), preset.name
+        # Any subset, in any order (Generate's chosen arms, Compare's methods, a run file's drafters).
+        for k in range(1, len(names) + 1):
+            sub = list(reversed(names[:k]))
+            assert viz.drafter_colors(sub) == {n: colors[n] for n in sub}
+    alone = viz.drafter_colors(["prompt-lookup"])["prompt-lookup"]
+    assert alone == viz.drafter_colors(["qwen-0.5b", "prompt-lookup"])["prompt-lookup"]  # across presets too
+    # Names no preset owns (plugins, tests) never take a colour of the others in their view, stably.
+    mixed = ["prompt-lookup", "echo-last", "my-drafter", "tiny-lm", "token-recycling"]
+    colors = viz.drafter_colors(mixed)
+    assert len(set(colors.values())) == len(mixed)
+    assert viz.drafter_colors(["tiny-lm", "my-drafter"], universe=mixed) == {n: colors[n] for n in ("tiny-lm", "my-drafter")}
+    r, g, b = (int(full["retrieval"][i : i + 2], 16) for i in (1, 3, 5))
+    assert _terminal(full["retrieval"]) == f"\033[38;2;{r};{g};{b}m"
+
+
+def test_replay_colours_a_run_as_generate_does(tmp_path):
+    """A run file written with other colours (an older build's) replays in the names' own colours."""
+    from metasd.core.runfile import parse_run
+    from metasd.paths import RUNS_DIR
+    from metasd.ui.replay import _replay_setup
+
+    doc = json.loads((RUNS_DIR / "ex-chat-1.json").read_text(encoding="utf-8"))
+    doc["colors"] = {n: "#000000" for n in doc["colors"]}
+    run = parse_run(json.dumps(doc).encode())
+    view, _ = _replay_setup(run)
+    names = list(view.colors)
+    assert view.colors == viz.drafter_colors(names) and "#000000" not in view.colors.values()

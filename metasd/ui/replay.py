@@ -15,6 +15,7 @@ import gradio as gr
 from metasd.core.events import RoundEvent
 from metasd.core.runfile import Replay, parse_run
 from metasd.core.validation import REPLAY_MAX_S, RUN_MAX_BYTES, InvalidInput, number
+from metasd.models.colors import canonical_names
 from metasd.serving.streaming import EngineStream
 from metasd.ui import viz
 from metasd.ui.config import ASSETS, EXAMPLES, FRAME_FPS, task_title
@@ -77,7 +78,13 @@ def _replay_source(run_file: Any, name: Any) -> tuple[Replay, str]:
 
 def _replay_setup(run: Replay) -> tuple[viz.LiveView, RunRecord]:
     names = list(dict.fromkeys([*run.drafters, *(ev.drafter for ev in run.rounds)]))
-    view = viz.LiveView(run.colors or viz.drafter_colors(names), run.drafters, placeholder=STREAM_PLACEHOLDER)
+    # A drafter's colour comes from its name, as in Generate and Compare; the file's own colours are
+    # kept only for names no preset knows (a plugin's), where they differ from each other.
+    colors = viz.drafter_colors(names)
+    theirs = {n: c for n, c in (run.colors or {}).items() if n in colors and n not in canonical_names()}
+    if theirs and len(set(theirs.values()) | {c for n, c in colors.items() if n not in theirs}) == len(colors):
+        colors |= theirs
+    view = viz.LiveView(colors, run.drafters, placeholder=STREAM_PLACEHOLDER)
     return view, RunRecord(preset=run.preset, prompt=run.prompt)
 
 

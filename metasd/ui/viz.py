@@ -27,18 +27,14 @@ from plotly.subplots import make_subplots
 from metasd.bandits.policies import single_drafter
 from metasd.core.events import RoundEvent, Summary
 from metasd.drafting.registry import kind_by_name
+from metasd.models.colors import (  # noqa: F401  (drafter_colors, underline_of: the views call them from here)
+    PALETTE,
+    TARGET_COLOR,
+    drafter_colors,
+    underline_of,
+    underlines,
+)
 
-# Okabe-Ito's colour-blind-safe palette (darkened where a colour is too light for an underline on
-# white); a drafter keeps its colour, and its underline style, by its index in the preset. Colour is
-# never the only channel: each index also has its own underline style (UNDERLINES) and the name shows
-# on hover.
-PALETTE = ("#0072B2", "#D55E00", "#009E73", "#CC79A7", "#9E7C00", "#56B4E9", "#E69F00", "#000000", "#7A5230")
-# Ten looks (CSS has five styles; thickness and offset make the rest) so that each drafter of a preset with up
-# to ten has its own: with five, the offline page's default arms math-drafter and chat-drafter (indices 5 and
-# 6) looked like prompt lookup and token recycling.
-UNDERLINES = ("solid", "double", "dotted", "dashed", "wavy", "heavy", "heavy-dashed", "heavy-wavy", "far",
-              "far-dotted")
-TARGET_COLOR = "#6B7280"
 FONT = "Inter, ui-sans-serif, system-ui, -apple-system, 'Segoe UI', sans-serif"
 # A compact template (a few hundred bytes): the page re-sends every figure each round, and
 # plotly's named templates ("plotly_white") add about 7 kB to every update.
@@ -49,11 +45,6 @@ TEMPLATE = go.layout.Template(layout=dict(paper_bgcolor="white", plot_bgcolor="w
 
 # --------------------------------------------------------------------------------------------
 # Colours and the token view
-
-
-def drafter_colors(names: Sequence[str]) -> dict[str, str]:
-    """A stable colour per drafter, by its position in the preset's list."""
-    return {n: PALETTE[i % len(PALETTE)] for i, n in enumerate(names)}
 
 
 def _rgba(hex_color: str, alpha: float) -> str:
@@ -81,21 +72,6 @@ def _visible(piece: str) -> str:
 
 def _known(values: Sequence[float], j: int) -> float | None:
     return values[j] if j < len(values) else None
-
-
-def underline_at(index: int) -> str:
-    """The underline style of the preset's drafter number `index` (the looks repeat after ten)."""
-    return UNDERLINES[index % len(UNDERLINES)]
-
-
-def underline_of(colors: Mapping[str, str], name: str) -> str:
-    """The drafter's second channel besides colour: an underline style, by its index in the preset."""
-    return underline_at(list(colors).index(name)) if name in colors else "none"
-
-
-def underlines(colors: Mapping[str, str]) -> dict[str, str]:
-    """Every drafter's underline at once, for views that render many rounds (one index pass, not one per round)."""
-    return {n: underline_at(i) for i, n in enumerate(colors)}
 
 
 def round_spans(ev: RoundEvent, colors: Mapping[str, str], looks: Mapping[str, str] | None = None) -> list[str]:
@@ -180,14 +156,15 @@ def legend_html(colors: Mapping[str, str], used: Iterable[str] | None = None) ->
     """Chips naming each drafter's colour and underline, plus the target's neutral style and a rejected sample."""
     wanted = None if used is None else set(used)  # once: a set per name made the legend quadratic in drafters
     chips = []
-    for i, n in enumerate(colors):  # the index gives the underline: asking underline_of per chip was quadratic
+    looks = underlines(colors)
+    for n in colors:
         if wanted is not None and n not in wanted:
             continue
         kind = kind_by_name(n)
         label = f'<span class="kind">{_esc(kind)}</span>' if kind else ""
         what = f" ({kind} drafter)" if kind else ""
         chips.append(f'<span class="chip" data-drafter="{_esc(n)}" title="tokens {_esc(n)}{what} proposed and the target '
-                     f'accepted"><span class="swatch acc u-{underline_at(i)}" style="--c:{colors[n]}">abc</span>'
+                     f'accepted"><span class="swatch acc u-{looks[n]}" style="--c:{colors[n]}">abc</span>'
                      f'{_esc(n)}{label}</span>')
     chips.append('<span class="chip" title="tokens the target supplied itself"><span class="swatch tgt">abc</span>'
                  'target (correction / bonus)</span>')
@@ -587,16 +564,17 @@ def speedup_bars(df: pd.DataFrame, colors: Mapping[str, str] | None = None) -> g
     d = d[d["method"] != "target alone"]
     t = d.pivot_table(index="category", columns="method", values="speedup", aggfunc="mean")
     fig = go.Figure()
-    bandit = 0
     for m in t.columns:
         name = single_drafter(m)
-        if colors and name in colors:
-            c = colors[name]
-        else:
-            c = ("#111827", "#6366F1", "#9CA3AF", "#0EA5E9")[bandit % 4]
-            bandit += 1
-        # The trace's (escaped) name goes into the hover text by reference: no visitor text in a template.
+        single = bool(colors) and name in colors
+        # A lone drafter's bar wears its colour; a policy's bar is hatched grey, so no policy can be taken
+        # for a drafter. Each bar names its method inside it: colour is never the only label.
+        c = colors[name] if single else "#9CA3AF"
+        label = name if single else str(m)
         fig.add_trace(go.Bar(x=[_esc(str(i)) for i in t.index], y=t[m].values, name=_esc(str(m)), marker_color=c,
+                             marker_pattern_shape="" if single else "/", marker_pattern_fgcolor="#374151",
+                             text=[_esc(label)] * len(t.index), textposition="inside", textangle=-90,
+                             insidetextanchor="start", textfont=dict(size=11), cliponaxis=False,
                              hovertemplate="%{fullData.name}: %{y:.2f}\u00d7<extra>%{x}</extra>"))
     fig.add_hline(y=1.0, line=dict(color="#111827", width=1, dash="dot"))
     fig.update_layout(barmode="group", hovermode="closest")
