@@ -45,7 +45,7 @@ def one(page, url: str, example: dict, opening: bool) -> tuple[str, float | None
     text = page.locator("#stats").inner_text()
     flat = " ".join(text.split())
     speed = re.search(r"([\d.]+)\u00d7", flat)
-    base = re.search(r"target alone: ([\d.]+) tokens/s", flat)
+    base = re.search(r"target alone: ([\d.]+) tok(?:ens)?/s", flat)
     status = page.locator("#tokens .tok-status").inner_text()
     done = re.search(r"done: (\d+) tokens, (\d+) target calls, ([\d.]+) tokens/s", status)
     sp = float(speed.group(1)) if speed else None

@@ -162,14 +162,23 @@ def test_page_streams_coloured_tokens_and_plots(page):
     who = hover.split(",")[0]
     assert who.split(" (")[0] in names and "p = " in hover, "the drafter's name and p, q on hover"
     assert who.endswith(f"({kind_by_name(who.split(' (')[0])})"), "... and its kind"
-    if page.locator("#tokens .tok.rej").count():
+    if page.locator("#tokens .tok-flow .rejs").count():
+        # By default a round's rejected draft is a mark between the tokens (words stay whole), the draft on hover.
+        mark = page.locator("#tokens .tok-flow .rejs").first
+        expect(mark).to_be_visible()
+        expect(page.locator("#tokens .tok.rej").first).to_be_hidden()
+        n = mark.get_attribute("data-n")
+        assert page.evaluate("e => getComputedStyle(e, '::before').content", mark.element_handle()) == f'"\u2715{n}"'
+        assert "did not keep" in mark.get_attribute("title")
+        # One click shows them struck through in place, another hides them, without re-running.
+        page.locator("#rejected-look").get_by_label("inline").check()
+        expect(page.locator("#tokens .tok.rej").first).to_be_visible()
         deco = page.eval_on_selector("#tokens .tok.rej", "e => getComputedStyle(e).textDecorationLine")
         assert "line-through" in deco
-        # the toggle hides rejected tokens without re-running
-        page.get_by_label("Show rejected draft tokens").uncheck()
-        expect(page.locator("#tokens .tok.rej").first).to_be_hidden()
-        page.get_by_label("Show rejected draft tokens").check()
-        expect(page.locator("#tokens .tok.rej").first).to_be_visible()
+        page.locator("#rejected-look").get_by_label("hidden").check()
+        expect(page.locator("#tokens .tok-flow .rejs").first).to_be_hidden()
+        page.locator("#rejected-look").get_by_label("marks").check()
+        expect(page.locator("#tokens .tok-flow .rejs").first).to_be_visible()
 
     check_lanes(page, "#lanes", names, len(page.locator("#tokens .tok.acc, #tokens .tok.tgt").all()))
     # Both plots render as plotly SVG with their traces.
@@ -208,7 +217,7 @@ def test_stop_by_mouse_mid_answer_keeps_the_answer_on_the_first_screen(page):
     page.locator("#prompt textarea").fill(LONG_PROMPT)
     set_max_new_tokens(page, 256)
     page.locator("#run").click()
-    expect(page.locator("#tokens .tok").first).to_be_visible(timeout=60_000)
+    expect(page.locator("#tokens :is(.tok.acc, .tok.tgt)").first).to_be_visible(timeout=60_000)
     # The answer is on the first screen of a projector, without scrolling.
     box = page.locator("#tokens .tok-stream").bounding_box()
     assert box and box["y"] >= 0 and box["y"] + 40 <= PROJECTOR["height"], box
@@ -242,7 +251,7 @@ def test_keyboard_ctrl_enter_runs_and_escape_stops(page):
     page.locator("#prompt textarea").fill(LONG_PROMPT)
     set_max_new_tokens(page, 256)
     page.locator("#prompt textarea").press("Control+Enter")
-    expect(page.locator("#tokens .tok").first).to_be_visible(timeout=60_000)
+    expect(page.locator("#tokens :is(.tok.acc, .tok.tgt)").first).to_be_visible(timeout=60_000)
     assert "Write a long" in page.locator("#prompt textarea").input_value() and \
         "\n" not in page.locator("#prompt textarea").input_value(), "Ctrl+Enter ran instead of adding a line"
     page.keyboard.press("Escape")
@@ -340,7 +349,8 @@ def test_compare_cancel_and_generate_served_in_between(browser, app_url):  # noq
 def test_wide_screen_shows_answer_and_plots_and_a_phone_scrolls_to_the_answer(browser, app_url):  # noqa: F811
     from playwright.sync_api import expect
 
-    for viewport, check in (({"width": 1920, "height": 1080}, "plots"), ({"width": 390, "height": 844}, "scroll")):
+    for viewport, check in (({"width": 1280, "height": 720}, "laptop"), ({"width": 1920, "height": 1080}, "plots"),
+                            ({"width": 390, "height": 844}, "scroll")):
         ctx = browser.new_context(viewport=viewport)
         try:
             pg = ctx.new_page()
@@ -348,7 +358,7 @@ def test_wide_screen_shows_answer_and_plots_and_a_phone_scrolls_to_the_answer(br
             expect(pg.locator("#run")).to_be_visible(timeout=60_000)
             set_max_new_tokens(pg, 24)
             pg.locator("#run").click()
-            expect(pg.locator("#tokens .tok").first).to_be_visible(timeout=60_000)
+            expect(pg.locator("#tokens :is(.tok.acc, .tok.tgt)").first).to_be_visible(timeout=60_000)
             pg.wait_for_timeout(800)  # the smooth scroll on a phone
             boxes = {i: pg.locator(f"#{i}").bounding_box() for i in ("tokens", "arm-probabilities", "regret")}
             top = boxes["tokens"]["y"]
@@ -356,9 +366,22 @@ def test_wide_screen_shows_answer_and_plots_and_a_phone_scrolls_to_the_answer(br
             if check == "plots":  # answer and both plots on one 1920x1080 screen
                 for i in ("arm-probabilities", "regret"):
                     assert boxes[i]["y"] + boxes[i]["height"] <= viewport["height"], (i, boxes)
-            else:
+            elif check == "scroll":
                 assert pg.evaluate("window.scrollY") > 0, "the phone page scrolled the answer into view"
             expect(pg.locator("#run")).to_be_enabled(timeout=120_000)
+            if check == "laptop":  # after the run: the answer, the numbers and the arm plot's top on the first screen
+                wait_idle(pg)
+                pg.evaluate("window.scrollTo(0, 0)")
+                stats, arm = (pg.locator(f"#{i}").bounding_box() for i in ("stats", "arm-probabilities"))
+                assert stats["y"] + stats["height"] <= viewport["height"], stats
+                assert arm["y"] + 40 <= viewport["height"], arm  # its title and top edge, not just a pixel
+            if check == "plots":  # the lanes arrive after the answer: their first row on the first screen
+                expect(pg.locator("#lanes tr[data-drafter]").first).to_be_visible(timeout=120_000)
+                pg.evaluate("window.scrollTo(0, 0)")
+                row = pg.locator("#lanes tr[data-drafter]").first.bounding_box()
+                assert row["y"] + row["height"] <= viewport["height"], row
+                width = pg.locator("#answer").bounding_box()["width"] + pg.locator("#controls").bounding_box()["width"]
+                assert width >= 0.85 * viewport["width"], width  # the page uses the width
         finally:
             ctx.close()
 
@@ -376,7 +399,7 @@ def test_a_link_opens_a_recorded_run_and_replays_it(browser, app_url):  # noqa: 
         pg.locator("#replay-speed input[type=number]").fill("16")
         pg.locator("#replay-speed input[type=number]").press("Enter")
         pg.locator("#replay-play").click()
-        expect(pg.locator("#replay-tokens .tok").first).to_be_visible(timeout=30_000)
+        expect(pg.locator("#replay-tokens :is(.tok.acc, .tok.tgt)").first).to_be_visible(timeout=30_000)
         expect(pg.locator("#replay-tokens .tok-status")).to_contain_text("done", timeout=60_000)
         expect(pg.locator("#replay-stats")).to_contain_text("recorded on the offline preset")
         done = pg.locator("#replay-tokens .tok").count()
@@ -392,12 +415,29 @@ def test_a_link_opens_a_recorded_run_and_replays_it(browser, app_url):  # noqa: 
 
 
 @pytest.mark.timeout(600)
+def legend_colours(page, root: str) -> dict[str, str]:
+    """Each drafter's colour as a view's legend draws it (the swatch's computed underline colour)."""
+    return page.eval_on_selector_all(
+        f"{root} .tok-legend .chip[data-drafter]",
+        "els => Object.fromEntries(els.map(e => [e.dataset.drafter, "
+        "getComputedStyle(e.querySelector('.swatch')).textDecorationColor]))")
+
+
+def _rgb(hex_color: str) -> str:
+    r, g, b = (int(hex_color[i : i + 2], 16) for i in (1, 3, 5))
+    return f"rgb({r}, {g}, {b})"
+
+
 def test_a_replayed_gallery_run_and_a_compare_grid_cell_show_lanes(page):
     """A gallery run replays with its lanes; Compare's prompt set fills the lanes grid, and a click on one of
-    its cells opens that prompt's run in Replay, lanes and all."""
+    its cells opens that prompt's run in Replay, lanes and all. Every drafter wears one colour in Generate,
+    Replay and Compare's bars, and no two share one."""
     import json
 
     from playwright.sync_api import expect
+
+    generate = legend_colours(page, "#tokens")
+    assert len(generate) >= 3 and len(set(generate.values())) == len(generate), generate
 
     page.get_by_role("tab", name="Replay", exact=True).click()
     # Its empty view names its own button (Play, not Run).
@@ -409,6 +449,9 @@ def test_a_replayed_gallery_run_and_a_compare_grid_cell_show_lanes(page):
     name = page.locator("#replay-run input").input_value()
     doc = json.loads((SCREENSHOT.parent / "runs" / f"{re.search(r'ex-[a-z]+-[0-9]+', name).group(0)}.json").read_text())
     check_lanes(page, "#replay-lanes", list(doc["lanes"]), len(doc["token_ids"]))
+    replay = legend_colours(page, "#replay-tokens")
+    assert len(set(replay.values())) == len(replay) and set(replay) & set(generate), (replay, generate)
+    assert all(replay[n] == generate[n] for n in set(replay) & set(generate)), (replay, generate)
 
     page.get_by_role("tab", name="Compare", exact=True).click()
     expect(page.locator("#compare-run")).to_be_visible()
@@ -424,6 +467,12 @@ def test_a_replayed_gallery_run_and_a_compare_grid_cell_show_lanes(page):
     page.locator("#compare-cancel").click()
     expect(page.get_by_text(re.compile(r"Cancelled")).first).to_be_visible(timeout=120_000)
     expect(page.locator("#compare-run")).to_be_enabled(timeout=60_000)
+    bars = page.evaluate("() => [...document.querySelectorAll('.js-plotly-plot')].flatMap(g => (g.data || [])"
+                         ".filter(t => t.type === 'bar').map(t => [t.name, t.marker.color, (t.text || [])[0]]))")
+    singles = {name.split(":", 1)[1]: c for name, c, _ in bars if name.startswith("single:")}
+    assert singles and all(_rgb(c) == generate[n] for n, c in singles.items() if n in generate), (singles, generate)
+    assert len(set(singles.values())) == len(singles)
+    assert all(label for _, _, label in bars), bars  # every bar names its method, not colour alone
     cell.first.click()
     expect(page.get_by_role("tab", name="Replay", exact=True)).to_have_attribute("aria-selected", "true", timeout=20_000)
     expect(page.locator("#replay-lanes tr[data-drafter]").first).to_be_visible(timeout=20_000)

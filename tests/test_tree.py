@@ -454,7 +454,7 @@ def test_page_folds_other_branches_and_shows_tree_shares():
     assert viz.arm_shares(ev) == {"prompt-lookup": 0.6, "token-recycling": 0.4}
     fig = viz.arm_probability_figure([ev], colors)
     assert [t.y[0] for t in fig.data[:2]] == [0.6, 0.4]
-    assert "up to 8 ids per pass, 6.0 verified per call, 1 of 1 rounds" in viz.tree_budget_note([ev])
+    assert "a budget of 8 ids a pass, 6.0 verified per call, 1 of 1 rounds" in viz.tree_budget_note([ev])
 
 
 def test_a_tree_run_file_replays_its_branches(monkeypatch):

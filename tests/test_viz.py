@@ -98,7 +98,7 @@ def test_token_html_colours_each_accepted_token_by_its_drafter(generation, color
         assert f'data-drafter="{name}"' in html.split('<div class="tok-stream"')[0] and c in html
 
 
-def test_rejected_tokens_are_struck_through_in_place(generation, colors):
+def test_rejected_drafts_are_grouped_in_place(generation, colors):
     rounds, _ = generation
     html = viz.token_html(rounds, colors)
     got = spans(html)
@@ -111,9 +111,17 @@ def test_rejected_tokens_are_struck_through_in_place(generation, colors):
     # in place: each round reads accepted..., rejected..., then the target's token
     i = 0
     for ev in rounds:
-        kinds = [s["kind"] for s in got[i : i + len(viz.round_spans(ev, colors))]]
-        assert kinds == ["acc"] * ev.accepted + ["rej"] * (len(ev.draft) - ev.accepted) + ["tgt"]
+        want = ["acc"] * ev.accepted + ["rej"] * (len(ev.draft) - ev.accepted) + ["tgt"]
+        kinds = [s["kind"] for s in got[i : i + len(want)]]
+        assert kinds == want
         i += len(kinds)
+        # A round's rejected pieces are one group: the page's mark (with their count) and the draft on hover.
+        group = [s for s in viz.round_spans(ev, colors) if s.startswith('<span class="rejs"')]
+        if len(ev.draft) > ev.accepted:
+            assert len(group) == 1 and f'data-n="{len(ev.draft) - ev.accepted}"' in group[0]
+            assert "did not keep" in group[0]
+        else:
+            assert group == []
     hidden = spans(viz.token_html(rounds, colors, show_rejected=False))
     assert [s for s in hidden if s["kind"] == "rej"] == []
     assert [s["text"] for s in hidden] == [s["text"] for s in got if s["kind"] != "rej"]

@@ -375,6 +375,8 @@ def rendered_bytes(events: Sequence[RoundEvent]) -> int:
         n = len(ev.emitted) + max(0, len(ev.draft) - ev.accepted)
         total += n * (SPAN_BYTES + 3 * name) + sum(len(html.escape(t, quote=True)) + 2 for t in pieces)
         total += 10 * max(0, len(ev.draft) - ev.accepted - len(ev.draft_text[ev.accepted:]))  # "<id>" stand-ins
+        if len(ev.draft) > ev.accepted:  # the round's group of rejected pieces: its mark's hover repeats them (repr)
+            total += 192 + name + sum(8 * len(t) for t in ev.draft_text[ev.accepted:]) + 10 * (len(ev.draft) - ev.accepted)
         # a tree round's folded branches (viz.tree_fold_spans): one hover line per branch; repr and escaping
         # grow a character to at most 8 bytes ("\\x00" is 4, escaped "&#x27;" 6)
         total += 256 * bool(ev.branches) + sum(

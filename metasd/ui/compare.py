@@ -222,8 +222,9 @@ def _prompt_set(bundle: Bundle, source: str, upload: Any, per_category: Any, pol
         work = check_compare_work([it["prompt"] for it in items], max_new_tokens)
     except InvalidInput as e:
         raise refused(e) from None
-    gr.Info(f"{len(items)} prompts x {len(_methods(bundle, policy)) + 1} runs of {max_new_tokens} tokens: work "
-            f"{work:,} of at most {COMPARE_MAX_WORK:,} (characters x new tokens) a run.")
+    gr.Info(f"{len(items)} prompts x {len(_methods(bundle, policy)) + 1} runs of {max_new_tokens} tokens. Size of "
+            f"this comparison: {work / COMPARE_MAX_WORK:.0%} of the most one comparison may do (prompt characters "
+            "times new tokens: longer prompts leave room for fewer tokens).")
     return items, max_new_tokens
 
 

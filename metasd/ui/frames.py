@@ -35,8 +35,7 @@ def stats(view: viz.LiveView, record: RunRecord, baselines: dict[str, Any] | Non
     how many frames the page drew for how many rounds."""
     base = (baselines or {}).get(baseline_key(record.preset, record.prompt, view.new_tokens)) if view.rounds else None
     frames = record.frames
-    drawn = f" The page drew {frames[0]} frames for {frames[1]} rounds (several rounds per frame when the engine is fast)." \
-        if frames else ""
+    drawn = f" The page drew {frames[0]} frames for {frames[1]} rounds." if frames else ""
     tree = viz.tree_budget_note(view.rounds)  # token-tree runs (metasd-tree): the budget of verified ids
     return viz.stats_html(view.stats(base["tokens_per_s"] if base else None),
                           (note or (base["note"] if base else SPEEDUP_HINT)) + drawn + (f" {tree}." if tree else ""))
@@ -117,6 +116,9 @@ UNREAD_WHY = "this page stopped reading its stream (a slow connection?); press R
 UNREAD = {"stopped_by": "unread"}  # put into a stopped run's summary config when nobody read its stream
 
 
+STOP_WORDS = {"eos": "the answer's end (eos)", "max_new_tokens": "the token limit"}
+
+
 def final_status(s: Summary) -> str:
     """The status line a run ends on (a replay ends on exactly the same one: why a run stopped is in its
     summary's config)."""
@@ -124,9 +126,10 @@ def final_status(s: Summary) -> str:
         unread = (s.config or {}).get("stopped_by") == UNREAD["stopped_by"]
         return f"stopped after {s.new_tokens} tokens ({s.target_calls} rounds): {UNREAD_WHY if unread else 'you pressed Stop'}"
     w = (s.config or {}).get("priors_weight", 0.0)
-    start = f"; the bandit started from the preset's priors ({w:g} pseudo-rounds per arm)" if w else ""
+    start = f"; the bandit started from the preset's priors (worth {w:g} rounds a drafter)" if w else ""
     return (f"done: {s.new_tokens} tokens, {s.target_calls} target calls, {s.tokens_per_s:.1f} tokens/s "
-            f"(engine clock), stopped by {s.stop_reason}{start}")
+            f"(engine clock: the page's drawing not counted), stopped by {STOP_WORDS.get(s.stop_reason, s.stop_reason)}"
+            f"{start}")
 
 
 # ---- drafter lanes (metasd/decoding/lanes.py) ------------------------------------------------------

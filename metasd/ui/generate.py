@@ -513,7 +513,8 @@ def identity_note(bundle: Bundle, prompt: str, ours: list[int], reference: list[
     with MODEL.hold():
         d = first_divergence(bundle, encode_prompt(bundle, prompt, True), ours, reference)
     if d is None:
-        return "Output identical to the target's own greedy decoding \u2713"
+        small = " (the target is a small model: speculative decoding keeps its answer exactly, right or wrong)"
+        return "Output identical to the target's own greedy decoding \u2713" + (small if "135M" in bundle.preset.target else "")
     return f"Output differs from the target's greedy decoding: {d.explain(bundle.tokenizer)}."
 
 

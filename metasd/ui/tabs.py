@@ -53,6 +53,9 @@ def take_as_sent(*components: gr.components.Component) -> None:
 
 
 # The page-only handlers keep their names: a function's name is its (private) endpoint's name in the config.
+REJECTED_LOOKS = ["marks", "inline", "hidden"]  # how the token view shows rejected drafts (a class on #tokens)
+
+
 def _running():
     return gr.update(value="Running \u2026", interactive=False), gr.update(interactive=True)
 
@@ -117,7 +120,7 @@ class GenerateAnswer:
 
     tokens: gr.HTML
     stats: gr.HTML
-    show_rejected: gr.Checkbox
+    show_rejected: gr.Radio
     auto_base: gr.Checkbox
     measure_btn: gr.Button
     answer_text: gr.Textbox
@@ -199,8 +202,22 @@ def _generate_answer(drafters0: list[str]) -> tuple[gr.components.Component, ...
         empty = _empty_view(drafters0)
         tokens = gr.HTML(empty.tokens_html(""), elem_id="tokens", js_on_load=None)
         stats = gr.HTML(viz.stats_html(viz.live_stats([], 0.0)), elem_id="stats", js_on_load=None)
-        with gr.Row():
-            show_rejected = gr.Checkbox(True, label="Show rejected draft tokens", scale=0, min_width=220)
+        # The plots next: at 1280x720 the answer, the numbers and the arm plot's top share the first screen;
+        # from 1600 px wide the stylesheet moves this row beside the answer (`#plots`).
+        with gr.Row(equal_height=False, elem_id="plots"):
+            with gr.Column(min_width=300):
+                arm_plot = gr.Plot(plot(empty.arm_json()), elem_id="arm-probabilities", show_label=False)
+                gr.Markdown(text.ARM_CAPTION, elem_classes="caption")
+            with gr.Column(min_width=300):
+                regret_plot = gr.Plot(plot(empty.regret_json()), elem_id="regret", show_label=False)
+                gr.Markdown(text.REGRET_CAPTION, elem_classes="caption")
+        # The drafter lanes (where each drafter would have been accepted): they arrive when the answer ends,
+        # and below the live views they never move them.
+        lanes = gr.HTML(lanes_placeholder(viz.LANES_EMPTY), elem_id="lanes", js_on_load=None)
+        with gr.Row(elem_id="view-options"):
+            show_rejected = gr.Radio(REJECTED_LOOKS, value=REJECTED_LOOKS[0], label="Rejected drafts",
+                                     info="marks: a small \u2715n between tokens, the draft on hover; inline: struck "
+                                          "through in place", scale=0, min_width=260, elem_id="rejected-look")
             auto_base = gr.Checkbox(True, label="Measure the target alone after each run", scale=0, min_width=300)
             measure_btn = gr.Button("Measure target alone", size="sm", scale=0, min_width=170)
         with gr.Accordion("The answer as plain text", open=False):
@@ -208,17 +225,6 @@ def _generate_answer(drafters0: list[str]) -> tuple[gr.components.Component, ...
                                      buttons=["copy"], elem_id="answer-text")
         with gr.Accordion("How to read this", open=False, elem_id="how-to-read"):
             gr.Markdown(text.HOW_TO_READ, elem_classes="compact-md")
-        # The plots under the answer, in the same column: at 1920x1080 answer and plots fit at once.
-        with gr.Row(equal_height=False):
-            with gr.Column(min_width=300):
-                arm_plot = gr.Plot(plot(empty.arm_json()), elem_id="arm-probabilities", show_label=False)
-                gr.Markdown(text.ARM_CAPTION, elem_classes="caption")
-            with gr.Column(min_width=300):
-                regret_plot = gr.Plot(plot(empty.regret_json()), elem_id="regret", show_label=False)
-                gr.Markdown(text.REGRET_CAPTION, elem_classes="caption")
-        # The drafter lanes (where each drafter would have been accepted) under the answer and its plots: they
-        # arrive when the answer ends, and below the plots they never move the live views.
-        lanes = gr.HTML(lanes_placeholder(viz.LANES_EMPTY), elem_id="lanes", js_on_load=None)
     return tokens, stats, show_rejected, auto_base, measure_btn, answer_text, arm_plot, regret_plot, lanes
 
 
@@ -247,8 +253,9 @@ def _wire_generate(c: GenerateControls, a: GenerateAnswer, baselines: gr.State, 
     c.stop_btn.click(stop_generation, None, None, api_visibility="private", queue=False)
     a.measure_btn.click(lambda r, b: measure_baseline(r, b, True, True), [record, baselines], [a.stats, baselines],
                         api_visibility="private", concurrency_limit=1, concurrency_id="baseline")
-    a.show_rejected.change(None, a.show_rejected, None,
-                           js="(v) => { document.getElementById('tokens').classList.toggle('hide-rejected', !v); }")
+    a.show_rejected.change(None, a.show_rejected, None, js=(
+        "(v) => { const t = document.getElementById('tokens'); t.classList.toggle('rej-inline', v === 'inline'); "
+        "t.classList.toggle('hide-rejected', v === 'hidden'); }"))
     c.policy.change(_policy_info, c.policy, c.policy_help, api_visibility="private", queue=False)
     c.preset.change(on_preset, c.preset, [c.drafters, c.policy, c.gamma], api_visibility="private",
                     concurrency_limit=1, concurrency_id="load")

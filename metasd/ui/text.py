@@ -2,23 +2,35 @@
 introductions and captions, and the keyboard script in the page's HEAD."""
 
 HERO = ('<div id="hero"><h1>MetaSD Studio <span class="pill">{pill}</span></h1><p>Multi-drafter speculative decoding: '
-        "a bandit picks, round by round, which drafter proposes the next tokens; the target verifies them losslessly. "
-        "Every token is coloured by the drafter that proposed it.</p></div>")
+        "a bandit picks which drafter proposes the next tokens; the target keeps only what it would write itself. "
+        "Each token wears its drafter's colour.</p></div>")
 
 HOW_TO_READ = """
 - **Coloured, underlined token**: a drafter proposed it and the target accepted it. Each drafter has its own
   colour *and* underline style (legend above the tokens); hover a token for the drafter, p, q and min(1, p/q).
 - **Plain token** (no colour): the target's own token. Every round ends with one: the correction after the first
   rejected draft token, or the **bonus token** when every drafted token was accepted.
-- **Struck-through token**: drafted but rejected (or discarded after the first rejection). It is not part of the
-  answer; untick *Show rejected draft tokens* to hide them.
+- **\u2715n mark** between tokens: that round's drafter proposed n more tokens that the target did not keep (the
+  first rejected, the rest discarded after it); hover the mark for them. *Rejected drafts: inline* shows them
+  struck through in place instead, *hidden* leaves them out. They are never part of the answer.
 - **\u2205**: a drafted token with no text of its own (a special token, or part of a character); **\u21b5**: a newline.
 - **Accepted / call**: drafted tokens kept per target forward pass; each call also adds one token of the target's.
 - **Arm probabilities**: how likely the bandit was to pick each drafter before each round. A drafter with nothing
   to propose that round (no match) is *asleep*: probability 0.
 - **Regret**: tokens lost so far against always using the drafter that turned out best; *measured* with
   full-information feedback, *estimated* otherwise.
-- **Speed-up**: the engine's tokens/s over the target alone on the same prompt, both measured here.
+- **Speed-up**: the engine's tokens/s over the target alone on the same prompt, both measured here on the
+  *engine clock*: the time inside the engine, without the page's drawing, for both sides alike.
+- **Pseudo-rounds**: the bandit starts from what the preset measured on earlier prompts, counted as if each
+  drafter had already been tried a few rounds; *Start cold* (More settings) starts it from nothing.
+- **bd / be** (reward): *block divergence*, how closely the drafter's distribution matched the target's at every
+  drafted position (MetaSD's reward), or *block efficiency*, the share of the draft accepted.
+- **Drafter kinds**: *model-free* copies text it has seen; *self* is the target with layers skipped;
+  *distilled* is a small model trained on the target's answers; *white-box* reads the target's hidden states.
+- **Token tree** (policy metasd-tree): several drafters' proposals verified together as branches; its *budget*
+  is the most ids one pass verifies; *+n* marks the ids of the branches that were not kept.
+- **The answer itself** comes from the target, a small model here: speculative decoding keeps it exactly,
+  right or wrong, only faster.
 - **Drafter lanes** (under the answer and its plots): one row per drafter of the request, one cell per token of the answer.
   A cell's fill height is that drafter's acceptance probability at that token, given the true text before it
   (its prediction teacher-forced on the answer): in greedy decoding full (it would have proposed exactly this

@@ -8,7 +8,8 @@ Token view vocabulary (the same as the engine's):
 - accepted: a drafted token the target kept, coloured by the drafter that proposed it;
 - target: the token the target supplied itself (the correction after a rejection, or the bonus
   token after a fully accepted draft), in a neutral style;
-- rejected: drafted tokens the target did not keep, struck through in their drafter's colour.
+- rejected: drafted tokens the target did not keep: a mark with their count between the tokens (the draft
+  on hover), or struck through in place in their drafter's colour.
 """
 
 from __future__ import annotations
@@ -97,11 +98,19 @@ def round_spans(ev: RoundEvent, colors: Mapping[str, str], looks: Mapping[str, s
         text = ev.emitted_text[j] if j < len(ev.emitted_text) else ""
         out.append(f'<span class="tok acc u-{u}" data-drafter="{_esc(ev.drafter)}" style="--c:{c}" '
                    f'title="{tip(j, "accepted")}">{_esc(text)}</span>')
+    rejected = []
     for j in range(ev.accepted, len(ev.draft)):
         verdict = "rejected" if j == ev.accepted else "discarded (after the first rejection)"
         piece = ev.draft_text[j] if j < len(ev.draft_text) else f"<{ev.draft[j]}>"
-        out.append(f'<span class="tok rej" data-drafter="{_esc(ev.drafter)}" style="--c:{c}" '
-                   f'title="{tip(j, verdict)}">{_esc(_visible(piece))}</span>')
+        rejected.append((piece, f'<span class="tok rej" data-drafter="{_esc(ev.drafter)}" style="--c:{c}" '
+                                f'title="{tip(j, verdict)}">{_esc(_visible(piece))}</span>'))
+    if rejected:
+        # One group per round: by default the page shows it as a small mark between the tokens (the answer's
+        # words stay whole) with the draft on hover; the "inline" look shows the struck-through pieces.
+        draft = "".join(_visible(p) for p, _ in rejected)
+        what = _esc(f"{ev.drafter} drafted {len(rejected)} more token(s) the target did not keep: {draft!r}")
+        out.append(f'<span class="rejs" data-n="{len(rejected)}" style="--c:{c}" title="{what}">'
+                   + "".join(h for _, h in rejected) + "</span>")
     for j in range(n_acc, len(ev.emitted)):  # normally one: the target's own token
         text = ev.emitted_text[j] if j < len(ev.emitted_text) else ""
         if not ev.draft:
@@ -133,7 +142,8 @@ def tree_fold_spans(ev: RoundEvent, colors: Mapping[str, str]) -> list[str]:
     lines = tree_fold_lines(ev)
     if not lines:
         return []
-    head = f"round {ev.round}: a token tree of {ev.ids_verified} ids verified in one pass (budget {ev.tree_budget})"
+    head = (f"round {ev.round}: a token tree of {ev.ids_verified} ids verified in one pass "
+            f"(this round's budget: at most {ev.tree_budget} ids a pass)")
     title = _esc("\n".join([head, *lines]))
     c = colors.get(ev.branches[0].get("drafter", ""), TARGET_COLOR)
     n = sum(len(b.get("tokens", ())) for b in ev.branches)
@@ -148,8 +158,21 @@ def tree_budget_note(rounds: Sequence[RoundEvent]) -> str:
         return ""
     per_call = sum(ev.ids_verified for ev in trees) / len(trees)
     shared = sum(1 for ev in trees if ev.branches)
-    return (f"token tree: up to {trees[-1].tree_budget} ids per pass, {per_call:.1f} verified per call, "
+    lo, hi = min(ev.tree_budget for ev in trees), max(ev.tree_budget for ev in trees)
+    budget = f"{hi}" if lo == hi else f"{lo}-{hi} (it follows what the drafters propose)"
+    return (f"token tree: a budget of {budget} ids a pass, {per_call:.1f} verified per call, "
             f"{shared} of {len(trees)} rounds with more than one branch")
+
+
+# The drafter kinds in a class's words (the legend's small labels say them on hover).
+KIND_WORDS = {
+    "model-free": "model-free: copies text it has seen (the prompt, earlier output, a datastore); costs almost nothing",
+    "self": "self: the target itself with layers skipped; no second model",
+    "model": "model: a separate small language model",
+    "distilled": "distilled: a one-layer model trained on the target's own answers of one domain",
+    "white-box": "white-box: a small head that reads the target's hidden states (EAGLE-style) and guesses the next "
+                 "tokens from them",
+}
 
 
 def legend_html(colors: Mapping[str, str], used: Iterable[str] | None = None) -> str:
@@ -161,15 +184,16 @@ def legend_html(colors: Mapping[str, str], used: Iterable[str] | None = None) ->
         if wanted is not None and n not in wanted:
             continue
         kind = kind_by_name(n)
-        label = f'<span class="kind">{_esc(kind)}</span>' if kind else ""
+        label = f'<span class="kind" title="{_esc(KIND_WORDS.get(kind, kind))}">{_esc(kind)}</span>' if kind else ""
         what = f" ({kind} drafter)" if kind else ""
         chips.append(f'<span class="chip" data-drafter="{_esc(n)}" title="tokens {_esc(n)}{what} proposed and the target '
                      f'accepted"><span class="swatch acc u-{looks[n]}" style="--c:{colors[n]}">abc</span>'
                      f'{_esc(n)}{label}</span>')
     chips.append('<span class="chip" title="tokens the target supplied itself"><span class="swatch tgt">abc</span>'
                  'target (correction / bonus)</span>')
-    chips.append('<span class="chip" title="drafted tokens the target did not keep"><span class="swatch rej" '
-                 'style="--c:#6B7280">abc</span>rejected</span>')
+    chips.append('<span class="chip" title="drafted tokens the target did not keep: a mark with their count '
+                 '(hover it for the draft), or struck through in place"><span class="rejs" data-n="2" '
+                 'style="--c:#6B7280"><span class="swatch rej" style="--c:#6B7280">abc</span></span>rejected</span>')
     return '<div class="tok-legend" aria-label="Legend">' + "".join(chips) + "</div>"
 
 
@@ -189,13 +213,14 @@ def token_html(rounds: Sequence[RoundEvent], colors: Mapping[str, str], *, show_
                legend: bool = True, status: str = "", placeholder: str = "") -> str:
     """The streamed output: every round's spans, with a legend on top.
 
-    `show_rejected=False` leaves the rejected spans out of the HTML (the page can also hide them
-    with the `hide-rejected` class on the container, without re-rendering).
+    `show_rejected=False` leaves the rejected drafts out of the HTML (the page can also hide them with
+    the `hide-rejected` class on the container, or show them struck through in place with `rej-inline`,
+    without re-rendering).
     """
     spans: list[str] = []
     looks = underlines(colors)
     for ev in rounds:
-        spans.extend(s for s in round_spans(ev, colors, looks) if show_rejected or 'class="tok rej"' not in s)
+        spans.extend(s for s in round_spans(ev, colors, looks) if show_rejected or not s.startswith('<span class="rejs"'))
     return _stream_open(colors, legend, placeholder) + "".join(spans) + _stream_close(status)
 
 
@@ -404,9 +429,9 @@ def stats_html(stats: Mapping[str, Any], note: str = "") -> str:
     cards = [
         ("tokens/s", f"{stats['tokens_per_s']:.1f}", f"{stats['new_tokens']} tokens in {stats['elapsed_s']:.2f} s"),
         ("target calls", f"{stats['target_calls']}", f"{stats['tokens_per_call']:.2f} tokens per call"),
-        ("accepted / call", f"{stats['mean_accepted']:.2f}", "mean accepted draft tokens"),
+        ("accepted / call", f"{stats['mean_accepted']:.2f}", "draft tokens kept"),
         ("speed-up", f"{sp:.2f}\u00d7" if sp else "\u2014",
-         f"target alone: {base:.1f} tokens/s" if base else "not measured yet"),
+         f"target alone: {base:.1f} tok/s" if base else "not measured yet"),
     ]
     body = "".join(f'<div class="card"><div class="card-k">{_esc(k)}</div><div class="card-v">{_esc(v)}</div>'
                    f'<div class="card-s">{_esc(s)}</div></div>' for k, v, s in cards)
