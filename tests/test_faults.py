@@ -235,32 +235,39 @@ def test_a_round_that_fails_outside_any_run_ends_that_rounds_runs_and_the_driver
         assert _emitted(rounds.submit(later, steps(later, None))) == _emitted(generate(b, PROMPTS[2], **_kw(2)))
 
 
-def test_playground_simulations_run_one_at_a_time():
-    """Four visitors' simulations at once run one after another (each holds the interpreter lock for its length:
-    four together starved a generation beside them); every visitor still gets an answer."""
+def _window(seconds: float) -> tuple[int, float, float]:
+    """A stand-in simulation: where it ran and when (module level, so a spawned process can import it)."""
+    import os
     import time
+
+    t0 = time.time()
+    time.sleep(seconds)
+    return os.getpid(), t0, time.time()
+
+
+def test_playground_simulations_run_one_at_a_time():
+    """Four visitors' simulations at once run one after another, all in one process beside the server's (four
+    together in the server's process starved a generation beside them); every visitor still gets an answer."""
+    import os
 
     from metasd.ui import playground as ui_playground
 
-    inside, most, real = [0], [0], ui_playground.compare
-
-    def counted(*a, **k):
-        inside[0] += 1
-        most[0] = max(most[0], inside[0])
-        time.sleep(0.05)
-        try:
-            return real(*a, **k)
-        finally:
-            inside[0] -= 1
-
+    spans: list = []
+    threads = [threading.Thread(target=lambda: spans.append(ui_playground.SIMULATOR.run(_window, 0.2))) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert len(spans) == 4 and len({pid for pid, _, _ in spans}) == 1 and spans[0][0] != os.getpid()
+    spans.sort(key=lambda s: s[1])
+    assert all(later[1] >= earlier[2] - 0.01 for earlier, later in zip(spans, spans[1:], strict=False)), spans
     policies, gamma, _, reward, full_info, spread, seed = ui_playground.PLAYGROUND_DEFAULTS
     answers: list = []
-    with mock.patch.object(ui_playground, "compare", counted):
-        threads = [threading.Thread(target=lambda: answers.append(ui_playground.run_playground(
-            ui_playground.PLAYGROUND_DRAFTERS, list(policies), gamma, 200, reward, full_info, spread, seed)))
-            for _ in range(4)]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join(60)
-    assert len(answers) == 4 and most[0] == 1
+    threads = [threading.Thread(target=lambda: answers.append(ui_playground.run_playground(
+        ui_playground.PLAYGROUND_DRAFTERS, list(policies), gamma, 200, reward, full_info, spread, seed)))
+        for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert len(answers) == 4 and all(len(a) == 4 for a in answers)

@@ -424,3 +424,22 @@ def test_replay_colours_a_run_as_generate_does(tmp_path):
     view, _ = _replay_setup(run)
     names = list(view.colors)
     assert view.colors == viz.drafter_colors(names) and "#000000" not in view.colors.values()
+
+
+def test_simulations_run_in_a_niced_process_of_their_own():
+    """The playground's simulations never hold the server's interpreter lock nor compete with the model
+    at its priority: they run in one spawned process at the lowest priority, and one that dies is replaced."""
+    import os
+
+    from metasd.ui.playground import Simulator
+
+    sim = Simulator()
+    try:
+        pid = sim.run(os.getpid)
+        assert pid != os.getpid() and sim.run(os.nice, 0) == 19
+        assert sim.run(os.getpid) == pid  # one process, reused
+        with pytest.raises(Exception):  # noqa: B017  (BrokenProcessPool: the process was killed mid-call)
+            sim.run(os._exit, 1)
+        assert sim.run(os.getpid) not in (pid, os.getpid())  # a new one serves the next simulation
+    finally:
+        sim.close()
