@@ -50,6 +50,7 @@ class UserRun:
     """What one user saw: when (seconds after Run) the first token, a place in line, or 'full' came."""
 
     prompt: str
+    policy: str = ""  # "" for the page's policy
     first_token: float | None = None
     told_place: float | None = None
     told_full: float | None = None
@@ -96,15 +97,17 @@ def light_client() -> None:
     gradio_client.utils.apply_diff = _patch_in_place
 
 
-def one_user(url: str, prompt: str, n: int, go: threading.Event, timeout: float, preset: str = "offline") -> UserRun:
+def one_user(url: str, prompt: str, n: int, go: threading.Event, timeout: float, preset: str = "offline",
+             policy: str | None = None) -> UserRun:
     from gradio_client import Client
 
-    run = UserRun(prompt)
+    run = UserRun(prompt, policy or "")
+    more = {"policy": policy} if policy else {}
     try:
         client = Client(url, verbose=False)
         go.wait(timeout)
         t0 = time.perf_counter()
-        job = client.submit(prompt, preset=preset, max_new_tokens=n, temperature=0.0, api_name="/generate")
+        job = client.submit(prompt, preset=preset, max_new_tokens=n, temperature=0.0, api_name="/generate", **more)
         last, seen = None, 0
         # Polled 20 times a second, not iterated: gradio_client's iterator checks for news every millisecond in
         # each user's thread (64 of them took a core from the server), and waits forever if its reader died.
@@ -216,8 +219,10 @@ def drive(url: str, pid: int, users: int, prompts: list[str], solo: dict, a: arg
     runs: list[UserRun | None] = [None] * users
     mine = [prompts[i % len(prompts)] for i in range(users)]
 
+    trees = set(range(users - min(a.tree_users, users), users))  # the last --tree-users ask for metasd-tree
+
     def user(i: int) -> None:
-        runs[i] = one_user(url, mine[i], a.max_new_tokens, go, a.timeout, a.preset)
+        runs[i] = one_user(url, mine[i], a.max_new_tokens, go, a.timeout, a.preset, "metasd-tree" if i in trees else None)
 
     threads = [threading.Thread(target=user, args=(i,), daemon=True) for i in range(users)]
     for t in threads:
@@ -242,6 +247,12 @@ def drive(url: str, pid: int, users: int, prompts: list[str], solo: dict, a: arg
     errors = [r.error for r in done if r.error] + ["never returned"] * (users - len(done))
     for e in sorted(set(errors)):
         print(f"# {users} users, error x{errors.count(e)}: {e}", file=sys.stderr, flush=True)
+    if trees:  # the chain runs' own aggregate, to set beside a class of chain runs only
+        chains = [r for r in served if r.policy != "metasd-tree"]
+        print(f"# {users} users with {len(trees)} metasd-tree: chain runs' aggregate "
+              f"{sum(r.tokens for r in chains) / wall:.1f} tok/s over {len(chains)} runs; tree runs served "
+              f"{sum(r.policy == 'metasd-tree' for r in served)}, their answers solo: "
+              f"{sum(r.text == solo[r.prompt][0] for r in served if r.policy == 'metasd-tree')}", flush=True)
     said = [min(x for x in (r.told_place, r.told_full, r.first_token) if x is not None) for r in done
             if any(x is not None for x in (r.told_place, r.told_full, r.first_token))]
     return (f"| {users} | {a.batching} | {tokens / wall:.1f} | {statistics.median(per_user) if per_user else float('nan'):.1f} "
@@ -328,6 +339,8 @@ def main() -> None:
     ap.add_argument("--device", default=None,
                     help="where this process runs the solo answers and --engine-only (default: the preset's own)")
     ap.add_argument("--max-new-tokens", type=int, default=64)
+    ap.add_argument("--tree-users", type=int, default=0,
+                    help="this many of the users (the last) ask for metasd-tree; the others the page's policy")
     ap.add_argument("--timeout", type=float, default=600.0, help="seconds a user waits at most for its answer")
     ap.add_argument("--max-users", type=int, default=64)
     ap.add_argument("--prompts", type=int, default=4, help="distinct page examples the users cycle through")

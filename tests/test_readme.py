@@ -31,7 +31,7 @@ CLI_TIMEOUT_S = 180
 # (program, subcommand) of every command kind that has a smoke test in this file.
 COVERED = {("make", "run"), ("make", "test"), ("metasd", "generate"), ("metasd", "bench"), ("metasd", "drafters"),
            ("metasd", "replay"), ("metasd", "priors"), ("metasd", "config"), ("metasd.training.train", None),
-           ("scripts/load_users.py", None), ("scripts/ab_bench.py", None)}
+           ("metasd.training.corpus", None), ("scripts/load_users.py", None), ("scripts/ab_bench.py", None)}
 
 # Files the README names that do not exist: none. An entry here would fail the test once the file
 # exists (or the README stops naming it), so the list cannot go stale.
@@ -372,18 +372,23 @@ def test_load_users_command():
                                                      ["--draft-batching", "--max-new-tokens", "--users"],
                                                      ["--batching", "--max-new-tokens", "--users"],
                                                      ["--batching", "--distinct", "--max-new-tokens", "--users"],
-                                                     ["--engine-only", "--max-new-tokens", "--users"]]), cmds
+                                                     ["--engine-only", "--max-new-tokens", "--users"],
+                                                     ["--max-new-tokens", "--users"],
+                                                     ["--max-new-tokens", "--tree-users", "--users"]]), cmds
     # every flag of the server's commands but one: each user on a prompt of its own
     cmd = next(c for c in cmds if "--distinct" in flags(c))
     beside = next(c for c in cmds if "--beside" in flags(c))
     p = ok(run([program(cmd), "scripts/load_users.py", "--users", "2", "--max-new-tokens", "8", "--prompts", "2",
-                "--timeout", "120", "--batching", "on", "--distinct"], timeout=280))
+                "--timeout", "120", "--batching", "on", "--distinct", "--tree-users", "1"], timeout=280))
     rows = [line for line in p.stdout.splitlines() if line.startswith("| 2 | on |")]
     assert len(rows) == 1, p.stdout
     cells = [c.strip() for c in rows[0].strip("|").split("|")]
     assert cells[5] == "2 / 0 / 0", rows[0]  # both served, nobody told to wait or turned away
     assert cells[7] == "2 of 2", rows[0]  # each answer is its solo answer
     assert cells[-1] == "0", rows[0]  # no errors
+    # One of the two asked for metasd-tree (a tree run in the class): served, its answer its solo answer.
+    assert re.search(r"# 2 users with 1 metasd-tree: chain runs' aggregate [\d.]+ tok/s over 1 runs; tree runs "
+                     r"served 1, their answers solo: 1", p.stdout), p.stdout
     # As a Space: the rounds in processes of their own, one per core.
     assert f"# shared rounds in process{'es' if (os.cpu_count() or 1) > 1 else ''} " in p.stdout, p.stdout
     # The engine alone, each request's drafter forwards on their own (drafting together is on in the server run),
@@ -415,6 +420,22 @@ def test_train_help():
         for other in re.findall(r"also: ([\w, ]+)", line):
             for name in other.replace(" ", "").split(","):
                 assert name in usage, name
+
+
+@pytest.mark.offline_model
+@pytest.mark.timeout(300)
+def test_corpus_command(tmp_path):
+    """The README's data command, cut to one shard of two short answers in a temporary folder; rerun, it
+    finds the shard done and makes nothing (the resume)."""
+    (cmd,) = commands_of(("metasd.training.corpus", None))
+    argv = [a.replace("data/corpus", str(tmp_path / "corpus")) for a in shlex.split(cmd)]
+    argv += ["--only", "0", "--prompts-per-shard", "2", "--max-new-tokens", "4", "--batch", "2"]
+    first = ok(run(argv, timeout=240))
+    assert "shard 0 code/train: 2 answers" in first.stderr, first.stderr[-800:]
+    man = json.loads((tmp_path / "corpus" / "manifest.json").read_text(encoding="utf-8"))
+    assert man["shards"] == 1 and man["licences"] and 0 < man["answer_tokens"] <= 8
+    again = ok(run(argv, timeout=240))
+    assert "1 shards done, 0 to make" in again.stderr, again.stderr[-800:]
 
 
 def test_make_targets():
