@@ -160,9 +160,9 @@ def test_generate_handler_refuses_clearly_or_runs_in_range(page_offline, prompt,
 @settings(max_examples=120, deadline=None)
 def test_compare_handler_validates_before_running(page_offline, prompt, mnt, policy):
     ran: list = []
-    with mock.patch.object(ui_compare, "_method_runs", recorder(ran)):
+    with mock.patch.object(ui_compare, "_method_stream", recorder(ran)):
         try:
-            compare_prompt(prompt, "offline", policy, mnt, progress=lambda *a, **k: None)
+            list(compare_prompt(prompt, "offline", policy, mnt, progress=lambda *a, **k: None))
         except gr.Error as e:
             assert _named(str(e.message)) and not ran, e.message
             return
@@ -373,8 +373,8 @@ def test_compare_pressed_while_the_models_load_shows_the_wait_in_its_progress(pa
     said: list[str] = []
     result: list = []
     with still_loading("offline", "loading target SmolLM2"):
-        th = threading.Thread(target=lambda: result.append(compare_prompt(
-            PROMPT, "offline", "metasd-ucb", 4, progress=lambda *a, desc="", **k: said.append(desc))), daemon=True)
+        th = threading.Thread(target=lambda: result.append(list(compare_prompt(  # its frames; the last holds all
+            PROMPT, "offline", "metasd-ucb", 4, progress=lambda *a, desc="", **k: said.append(desc)))[-1]), daemon=True)
         th.start()
         time.sleep(1.5)
         assert not result and said and "waiting for the model to load" in said[0] and "SmolLM2" in said[0]

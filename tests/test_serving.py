@@ -725,7 +725,7 @@ def test_compare_runs_join_the_shared_rounds(page_offline):
     ui_generate.start_rounds(bundle)
     try:
         with mock.patch.object(ui_generate, "drive", side_effect=AssertionError("ran in the server's process")):
-            table, _, _ = compare_prompt(PROMPT, "offline", PAGE_POLICY, 8, progress=lambda *a, **k: None)
+            table, _, _ = list(compare_prompt(PROMPT, "offline", PAGE_POLICY, 8, progress=lambda *a, **k: None))[-1]
         assert len(table) == len(bundle.drafter_names) + 2  # the target alone, each drafter alone, the bandit
         assert table["identical_to_target"].all() and (table["new_tokens"] == 8).all()
     finally:
@@ -757,3 +757,19 @@ def test_a_page_run_cleans_and_encodes_its_prompt_once(page_offline):
     assert counts == {"clean": 1, "encode": 1}, counts
     last = frames[-1].record
     assert last.summary is not None and last.prompt == "  Say hello to the class.  " and last.settings["gamma"]
+
+
+def test_compare_shows_the_bandit_first_then_each_drafter_as_it_finishes(page_offline):
+    """Compare's one prompt answers in class time: its first frame holds the target alone and the bandit, then
+    each frame adds one method (the default arms alone before the other drafters), the last all of them."""
+    from metasd.ui.compare import compare_prompt
+
+    bundle = get_bundle("offline")
+    frames = list(compare_prompt(PROMPT, "offline", PAGE_POLICY, 4, progress=lambda *a, **k: None))
+    methods = list(frames[-1][0]["method"])
+    assert [len(f[0]) for f in frames] == list(range(2, len(bundle.drafter_names) + 3))
+    assert methods[:2] == ["target alone", PAGE_POLICY]
+    arms = [f"single:{d}" for d in bundle.default_drafters]
+    assert methods[2 : 2 + len(arms)] == arms and len(methods) == len(bundle.drafter_names) + 2
+    assert frames[-1][0]["identical_to_target"].all()
+    assert frames[0][1].count("<h4>") == 1 and frames[-1][1].count("<h4>") == len(methods) - 1  # grid grows too

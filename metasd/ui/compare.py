@@ -48,6 +48,14 @@ def _methods(bundle: Bundle, policy: str) -> list[str]:
     return [single_method(d) for d in bundle.drafter_names] + [policy]
 
 
+def _prompt_methods(bundle: Bundle, policy: str) -> list[str]:
+    """One prompt's order: the bandit first, then its default arms alone, then the other drafters: the answer
+    a class came for arrives first (within seconds), the rest as they finish."""
+    arms = bundle.default_drafters
+    return [policy] + [single_method(d) for d in arms] + [single_method(d) for d in bundle.drafter_names
+                                                          if d not in arms]
+
+
 # torch threads (prefill, rounds) of a run, as the page's engine worker sets them (none on a GPU).
 THREADS = (None, None) if HAS_CUDA else (PREFILL_THREADS, TORCH_THREADS)
 
@@ -55,8 +63,18 @@ THREADS = (None, None) if HAS_CUDA else (PREFILL_THREADS, TORCH_THREADS)
 def _method_runs(bundle: Bundle, prompt: str, methods: list[str], max_new_tokens: int,
                  progress: Any, label: str, done: int, total: int,
                  cancel: threading.Event | None = None, started: float | None = None) -> tuple[dict[str, Any], float, list[int]]:
-    """The target alone, then each method, on one prompt. Each run takes the model on its own (a Generate
-    request can go in between), and the progress line says how long the rest will take at this pace."""
+    """The target alone, then each method, on one prompt: every run's result at once."""
+    stream = _method_stream(bundle, prompt, methods, max_new_tokens, progress, label, done, total, cancel, started)
+    ids, base_tps = next(stream)
+    return dict(stream), base_tps, ids
+
+
+def _method_stream(bundle: Bundle, prompt: str, methods: list[str], max_new_tokens: int,
+                   progress: Any, label: str, done: int, total: int,
+                   cancel: threading.Event | None = None, started: float | None = None) -> Iterator[Any]:
+    """The target alone (its ids and tokens/s), then each method's (name, (rounds, summary)) as it finishes.
+    Each run takes the model on its own (a Generate request can go in between), and the progress line says
+    how long the rest will take at this pace."""
     started = time.perf_counter() if started is None else started
 
     def step(i: int, what: str) -> None:
@@ -70,8 +88,7 @@ def _method_runs(bundle: Bundle, prompt: str, methods: list[str], max_new_tokens
 
     step(0, "target alone")
     ids, secs = measure_target(bundle, prompt, max_new_tokens)
-    base_tps = len(ids) / secs if secs > 0 else 0.0
-    out: dict[str, Any] = {}
+    yield ids, (len(ids) / secs if secs > 0 else 0.0)
     for i, m in enumerate(methods, 1):
         step(i, m)
         alone = single_drafter(m)
@@ -82,8 +99,8 @@ def _method_runs(bundle: Bundle, prompt: str, methods: list[str], max_new_tokens
                          max_new_tokens=max_new_tokens, max_new_tokens_limit=COMPARE_MAX_NEW_TOKENS)
         events = engine_events(bundle, prepared, stop, timed=True)
         with MODEL.hold():  # the page's one stream driver, as Generate's runs (its worker: a thread of its own)
-            out[m] = EngineStream(events, stop, prefill_threads=THREADS[0], torch_threads=THREADS[1]).collect()
-    return out, base_tps, ids
+            result = EngineStream(events, stop, prefill_threads=THREADS[0], torch_threads=THREADS[1]).collect()
+        yield m, result  # the model given back first: what the caller does with it (lanes) takes it again
 
 
 def _lanes_of(bundle: Bundle, prompt: str, rounds: list[Any], summary: Any) -> dict[str, list[float]]:
@@ -127,40 +144,50 @@ def cancel_compare(request: gr.Request = None) -> None:
 @gpu(runs=lambda a: len(bundle_for(a["preset"]).drafter_names) + 2)  # each drafter alone, the bandit, the target
 def compare_prompt(prompt: str, preset: str, policy: str, max_new_tokens: int,
                    progress=gr.Progress(), request: gr.Request = None):  # noqa: B008  (gradio injects a tracker per call)
-    """One prompt under each drafter alone and under the bandit, side by side."""
+    """One prompt under the bandit and each drafter alone, side by side: the target alone and the bandit first,
+    then each drafter alone as it finishes (the table, grid and bars grow); Cancel keeps what finished."""
     bundle, cancel, key = _bundle_and_cancel(preset, progress, request)
-    names = bundle.drafter_names
+    colors = viz.drafter_colors(bundle.drafter_names)
+    shown: tuple = ()
     try:
-        methods = _methods(bundle, policy)
+        methods = _prompt_methods(bundle, policy)
         max_new_tokens = int(number("max_new_tokens", max_new_tokens, True, (1, COMPARE_MAX_NEW_TOKENS)))
         prompt = _checked(bundle, prompt, COMPARE_MAX_NEW_TOKENS, policy=policy, max_new_tokens=max_new_tokens)
         check_compare_work([prompt], max_new_tokens)  # bounded before it starts (#27)
-        runs, base_tps, ref = _method_runs(bundle, prompt, methods, max_new_tokens, progress, "prompt", 0,
-                                           len(methods) + 1, cancel)
+        stream = _method_stream(bundle, prompt, methods, max_new_tokens, progress, "prompt", 0, len(methods) + 1,
+                                cancel)
+        ref, base_tps = next(stream)
+        rows = [{"method": "target alone", "new_tokens": len(ref), "tokens_per_s": round(base_tps, 2), "speedup": 1.0,
+                 "identical_to_target": True}]
+        cells: list[str] = []
+        for m, (rounds, s) in stream:
+            rows.append(viz.method_row(m, s, base_tps, list(s.token_ids) == ref[: len(s.token_ids)], "this prompt"))
+            lanes = _lanes_of(bundle, prompt, rounds, s)  # every method's lanes, side by side
+            cells.append(f"<div><h4>{viz._esc(m)} \u2014 {s.tokens_per_s:.1f} tok/s, "
+                         f"{s.tokens_per_s / base_tps:.2f}\u00d7</h4>"
+                         f"{viz.token_html(rounds, colors, legend=False)}"
+                         f"{viz.lanes_html(rounds, lanes, colors, title=f'Lanes of {m}')}</div>")
+            shown = _prompt_views(rows, cells, colors)
+            yield shown
     except InvalidInput as e:
         raise refused(e) from None
     except Cancelled:
-        raise gr.Error("Cancelled.", print_exception=False) from None
+        if not shown:
+            raise gr.Error("Cancelled.", print_exception=False) from None
+        gr.Warning("Cancelled: the methods that finished are shown.")
     except Exception as e:
         raise failure(e) from None
     finally:
         STOPS.end(key, cancel)
-    colors = viz.drafter_colors(names)
-    rows = [{"method": "target alone", "new_tokens": len(ref), "tokens_per_s": round(base_tps, 2), "speedup": 1.0,
-             "identical_to_target": True}]
-    cells = []
-    for m, (rounds, s) in runs.items():
-        rows.append(viz.method_row(m, s, base_tps, list(s.token_ids) == ref[: len(s.token_ids)], "this prompt"))
-        lanes = _lanes_of(bundle, prompt, rounds, s)  # every method's lanes, side by side
-        cells.append(f"<div><h4>{viz._esc(m)} \u2014 {s.tokens_per_s:.1f} tok/s, "
-                     f"{s.tokens_per_s / base_tps:.2f}\u00d7</h4>"
-                     f"{viz.token_html(rounds, colors, legend=False)}"
-                     f"{viz.lanes_html(rounds, lanes, colors, title=f'Lanes of {m}')}</div>")
+
+
+def _prompt_views(rows: list[dict[str, Any]], cells: list[str], colors: dict[str, str]) -> tuple:
+    """One prompt's table, its side-by-side grid and its speed-up bars, from the runs so far."""
     df = pd.DataFrame(rows)
     grid = viz.legend_html(colors) + '<div class="cmp-grid">' + "".join(cells) + "</div>"
-    shown = df[["method", "new_tokens", "tokens_per_s", "speedup", "mean_accepted", "acceptance_rate", "target_calls",
-                "identical_to_target"]]
-    return shown, grid, viz.speedup_bars(df.assign(category="this prompt"), colors)
+    table = df.reindex(columns=["method", "new_tokens", "tokens_per_s", "speedup", "mean_accepted", "acceptance_rate",
+                                "target_calls", "identical_to_target"])
+    return table, grid, viz.speedup_bars(df.assign(category="this prompt"), colors)
 
 
 @gpu(duration=lambda *a, **k: MAX_S)  # many prompts: the most ZeroGPU grants (its cap ends a long set)
