@@ -410,7 +410,7 @@ def test_a_load_that_fails_is_told_to_every_run_that_waited_and_starts_no_other(
 
     def compare_run() -> None:
         try:
-            compare_prompt(PROMPT, "offline", "metasd-ucb", 4, progress=lambda *a, **k: None)
+            list(compare_prompt(PROMPT, "offline", "metasd-ucb", 4, progress=lambda *a, **k: None))
             outcomes["compare"] = "ran"
         except gr.Error as e:
             outcomes["compare"] = str(e)
