@@ -119,3 +119,29 @@ def test_answers_equal_the_targets_own_greedy(offline, reference_model):
                                        pad_token_id=offline.tokenizer.pad_token_id or 0)[0, len(p):].tolist()
         cut = next((j + 1 for j, t in enumerate(ref) if t in offline.eos_ids), len(ref))
         assert out == ref[:cut]
+
+
+def test_a_drafter_trains_from_corpus_shards(tmp_path):
+    """`train --corpus`: the shards' (prompt, answer) ids become examples whose labels are the target's own
+    distributions at the answer's tokens (one teacher-forced pass), train shards for training, eval held out."""
+    import torch
+
+    from metasd.training.common import corpus_data, corpus_examples
+    from tests.tiny import tiny_llama
+
+    target = tiny_llama(32)
+    rows = [([1, 2, 3], [4, 5, 6, 7]), ([8, 9], [10, 11])]
+    ex = corpus_examples(target, rows, topk=4)
+    assert [e.start for e in ex] == [2, 1] and [e.labels for e in ex] == [4, 2]
+    with torch.inference_mode():  # row j is the target's prediction after ids[start + j]
+        full = torch.log_softmax(target(input_ids=torch.tensor([ex[0].ids])).logits[0].float(), -1)
+    assert torch.allclose(ex[0].top_logp, full[2:6].topk(4, dim=-1).values, atol=1e-5)
+    info = {"domain": "qa", "split": "train", "answers": 2, "answer_tokens": 6, "prompt_tokens": 5, "seconds": 1.0,
+            "licences": ["x"], "settings": {}}
+    corpus.write_shard(tmp_path, 4, rows, info)
+    corpus.write_shard(tmp_path, 10, rows[:1], {**info, "split": "eval", "answers": 1})
+    corpus.write_shard(tmp_path, 1, rows, {**info, "domain": "math"})  # another drafter's domain: not read
+    corpus.write_manifest(tmp_path)
+    a = argparse.Namespace(corpus=str(tmp_path), domain="chat", seed=0, topk=4, eval_prompts=8)
+    train_ex, eval_ex, secs = corpus_data(a, target)
+    assert len(train_ex) == 2 and len(eval_ex) == 1 and secs == 3.0

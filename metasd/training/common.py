@@ -110,6 +110,34 @@ def text_examples(target: PreTrainedModel, sequences: list[list[int]], batch_siz
     return out
 
 
+# The corpus's domains (metasd/training/corpus.py) each drafter learns from: the chat drafter speaks for
+# the answers in prose (chat, QA and RAG, summaries, translations); code and math keep their own.
+CORPUS_DOMAINS = {"code": ("code",), "math": ("math",), "chat": ("chat", "qa", "summarization", "translation")}
+
+
+@torch.inference_mode()
+def corpus_examples(target: PreTrainedModel, rows: list[tuple[list[int], list[int]]], batch_size: int = 8,
+                    topk: int = 16, max_len: int = 512, desc: str = "target on the corpus") -> list[Example]:
+    """(prompt ids, answer ids) pairs of the corpus as examples: one teacher-forced target pass per batch gives
+    the top-k next-token distributions at every answer token (the shards keep ids only)."""
+    dev = next(target.parameters()).device
+    out: list[Example] = []
+    for b0 in tqdm(range(0, len(rows), batch_size), desc=desc, unit="batch", dynamic_ncols=True, file=sys.stderr):
+        batch = [(p, (p + a)[:max_len]) for p, a in rows[b0 : b0 + batch_size] if a and len(p) < max_len]
+        if not batch:
+            continue
+        width = max(len(s) for _, s in batch)
+        inp = torch.zeros((len(batch), width), dtype=torch.long)
+        for r, (_, s) in enumerate(batch):
+            inp[r, : len(s)] = torch.tensor(s)  # right padding: causal attention never looks ahead
+        logits = target(input_ids=inp.to(dev)).logits.cpu()
+        for r, (p, s) in enumerate(batch):
+            start = len(p) - 1  # the row after the prompt's last id predicts the answer's first
+            ti, tv = topk_logp(logits[r, start : len(s) - 1], topk)
+            out.append(Example(list(s), start, ti, tv))
+    return out
+
+
 def draft_vocabulary(examples: list[Example], size: int, vocab_size: int) -> torch.Tensor:
     """The `size` ids a drafter's head keeps (DraftHead): the domain's most likely next tokens.
 
@@ -209,6 +237,8 @@ def domain_data(a: argparse.Namespace, bundle, chunks: int) -> tuple[list[Exampl
     """The domain's training and held-out examples, from `--data-cache` where it exists (else generated,
     and saved there). Returns (train, eval, seconds the target took to generate them)."""
     target, tok = bundle.target, bundle.tokenizer
+    if getattr(a, "corpus", ""):
+        return corpus_data(a, target)
     cache = Path(a.data_cache) if a.data_cache else None
     if cache is not None and cache.exists():
         data = torch.load(cache, weights_only=True)
@@ -224,3 +254,32 @@ def domain_data(a: argparse.Namespace, bundle, chunks: int) -> tuple[list[Exampl
         cache.parent.mkdir(parents=True, exist_ok=True)
         torch.save({"train": [vars(e) for e in train_ex], "eval": [vars(e) for e in eval_ex], "seconds": gen_s}, cache)
     return train_ex, eval_ex, gen_s
+
+
+def corpus_data(a: argparse.Namespace, target: PreTrainedModel) -> tuple[list[Example], list[Example], float]:
+    """The drafter's domains of a corpus folder (`--corpus`): its train shards for training, its eval shards
+    held out; the seconds are the corpus's own generation time (its manifest)."""
+    import json
+
+    from metasd.training.corpus import iter_corpus
+
+    domains = CORPUS_DOMAINS[a.domain]
+    rows = {split: [r for d in domains for r in iter_corpus(a.corpus, domain=d, split=split)]
+            for split in ("train", "eval")}
+    if not rows["train"]:
+        raise SystemExit(f"{a.corpus} has no finished train shards of {', '.join(domains)}")
+    random.Random(a.seed).shuffle(rows["eval"])
+    train_ex = corpus_examples(target, rows["train"], topk=a.topk, desc=f"{a.domain}: target on the corpus")
+    eval_ex = corpus_examples(target, rows["eval"][: a.eval_prompts], topk=a.topk, desc=f"{a.domain}: held out")
+    manifest = Path(a.corpus) / "manifest.json"
+    secs = json.loads(manifest.read_text(encoding="utf-8")).get("generation_seconds", 0.0) if manifest.exists() else 0.0
+    return train_ex, eval_ex, float(secs)
+
+
+def corpus_line(info: dict) -> str:
+    """A card's data line for a drafter trained on a corpus folder ('' for one trained on generated data)."""
+    if not info.get("corpus"):
+        return ""
+    return (f"- the {', '.join(CORPUS_DOMAINS.get(info.get('domain', ''), ()))} shards of the corpus `{info['corpus']}` "
+            "(metasd/training/corpus.py: templates, man pages and Python's documentation, none a Spec-Bench prompt "
+            "or page example; its manifest has the sources and licences), the target's greedy answers")

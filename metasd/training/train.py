@@ -50,6 +50,7 @@ from metasd.drafting.files import (
 from metasd.training.common import (  # noqa: F401 (answer_examples, encode_chat, text_examples: public here too)
     Example,
     answer_examples,
+    corpus_line,
     domain_data,
     draft_vocabulary,
     encode_chat,
@@ -190,11 +191,12 @@ def _card_lines(path: Path, info: dict) -> list[str]:
         f"- initialised from the target's layer {info.get('init_layer')}",
         vocab, "",
         "## Data", "",
-        f"- {info.get('prompts')} templated {info.get('domain')} prompts (metasd/training/train_data.py, "
-        f"seed {info.get('seed')}; "
-        "none is a Spec-Bench prompt), answered greedily by the target through its chat template, "
-        f"at most {info.get('max_new_tokens')} new tokens each (on-policy distillation)"
-        + (f", plus {info.get('text_chunks')} chunks of Python standard-library source" if info.get("text_chunks") else ""),
+        corpus_line(info) or (
+         f"- {info.get('prompts')} templated {info.get('domain')} prompts (metasd/training/train_data.py, "
+         f"seed {info.get('seed')}; "
+         "none is a Spec-Bench prompt), answered greedily by the target through its chat template, "
+         f"at most {info.get('max_new_tokens')} new tokens each (on-policy distillation)"
+         + (f", plus {info.get('text_chunks')} chunks of Python standard-library source" if info.get("text_chunks") else "")),
         f"- {info.get('train_sequences')} sequences, {info.get('train_labels'):,} labelled answer tokens; soft labels: "
         f"the target's top-{info.get('topk')} log-probabilities at each (kept from generation, {info.get('data_seconds')} s)",
         "", "## Training", "",
@@ -260,6 +262,8 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--data-cache", default="", help="save/reuse the generated examples here (a .pt file)")
+    ap.add_argument("--corpus", default="",
+                    help="train on this corpus folder (python -m metasd.training.corpus) instead of generating data")
     ap.add_argument("--unroll", type=int, default=3, help="white-box: training-time-test steps per position")
     ap.add_argument("--resume", default="",
                     help="white-box: continue training this head file (its draft vocabulary and layers) instead of a fresh one")
@@ -297,7 +301,8 @@ def run_distilled(a: argparse.Namespace, bundle, train_ex: list[Example], eval_e
     before = agreement(drafter, eval_ex)
     stats = train(drafter, train_ex, a.steps, a.batch_size, a.lr, seed=a.seed, desc=f"{a.domain}: distil")
     info = {"domain": a.domain, "target": bundle.preset.target, "init_layer": a.init_layer,
-            "train_sequences": len(train_ex), "train_labels": sum(e.labels for e in train_ex), "prompts": a.prompts,
+            "train_sequences": len(train_ex), "train_labels": sum(e.labels for e in train_ex),
+            "prompts": None if a.corpus else a.prompts, "corpus": a.corpus or None,
             "text_chunks": chunks, "max_new_tokens": a.max_new_tokens,
             "draft_vocab": int(vocab.numel()) if vocab is not None else bundle.target_vocab, "topk": a.topk, "seed": a.seed,
             "data_seconds": round(gen_s, 1), **stats,

@@ -27,7 +27,7 @@ from tqdm import tqdm
 
 from metasd.drafting.files import DraftHead, card_file_lines, parameter_count, read_info, write_card_text
 from metasd.drafting.whitebox import HeadConfig, WhiteBoxHead, build_head, load_head, save_head
-from metasd.training.common import Example, draft_vocabulary, fit
+from metasd.training.common import Example, corpus_line, draft_vocabulary, fit
 
 
 @dataclass
@@ -204,7 +204,8 @@ def run_white_box(a, bundle, train_ex: list[Example], eval_ex: list[Example], ge
                        desc=f"{a.domain}: white-box")
     info = {"kind": "white-box", "domain": a.domain, "target": bundle.preset.target,
             "feature_layers": list(c.feature_layers), "init_layer": init_layer,
-            "train_sequences": len(train), "train_labels": sum(len(x.pos) for x in train), "prompts": a.prompts,
+            "train_sequences": len(train), "train_labels": sum(len(x.pos) for x in train),
+            "prompts": None if a.corpus else a.prompts, "corpus": a.corpus or None,
             "text_chunks": chunks, "max_new_tokens": a.max_new_tokens, "draft_vocab": int(vocab.numel()),
             "topk": a.topk, "seed": a.seed, "data_seconds": round(gen_s, 1), "feature_seconds": round(feat_s, 1),
             **stats, "eval_sequences": len(held), "eval_before": before}
@@ -247,11 +248,12 @@ def write_head_card(path) -> Path:
 def _head_data_lines(info: dict) -> list[str]:
     return [
         "## Data", "",
-        f"- {info.get('prompts')} templated {info.get('domain')} prompts (metasd/training/train_data.py, "
-        f"seed {info.get('seed')}; "
-        "none is a Spec-Bench prompt) answered greedily by the target, at most "
-        f"{info.get('max_new_tokens')} new tokens each"
-        + (f", plus {info.get('text_chunks')} chunks of Python standard-library source" if info.get("text_chunks") else ""),
+        corpus_line(info) or (
+         f"- {info.get('prompts')} templated {info.get('domain')} prompts (metasd/training/train_data.py, "
+         f"seed {info.get('seed')}; "
+         "none is a Spec-Bench prompt) answered greedily by the target, at most "
+         f"{info.get('max_new_tokens')} new tokens each"
+         + (f", plus {info.get('text_chunks')} chunks of Python standard-library source" if info.get("text_chunks") else "")),
         f"- {info.get('train_sequences')} sequences, {info.get('train_labels'):,} labelled positions; soft labels: the "
         f"target's top-{info.get('topk')} log-probabilities; features from one teacher-forced target pass "
         f"({info.get('data_seconds')} s of generation, {info.get('feature_seconds')} s of features)", "",
