@@ -126,7 +126,8 @@ def test_a_drafter_trains_from_corpus_shards(tmp_path):
     distributions at the answer's tokens (one teacher-forced pass), train shards for training, eval held out."""
     import torch
 
-    from metasd.training.common import corpus_data, corpus_examples
+    from metasd.training.common import corpus_examples
+    from metasd.training.corpus import corpus_data
     from tests.tiny import tiny_llama
 
     target = tiny_llama(32)

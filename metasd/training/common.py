@@ -237,8 +237,6 @@ def domain_data(a: argparse.Namespace, bundle, chunks: int) -> tuple[list[Exampl
     """The domain's training and held-out examples, from `--data-cache` where it exists (else generated,
     and saved there). Returns (train, eval, seconds the target took to generate them)."""
     target, tok = bundle.target, bundle.tokenizer
-    if getattr(a, "corpus", ""):
-        return corpus_data(a, target)
     cache = Path(a.data_cache) if a.data_cache else None
     if cache is not None and cache.exists():
         data = torch.load(cache, weights_only=True)
@@ -254,26 +252,6 @@ def domain_data(a: argparse.Namespace, bundle, chunks: int) -> tuple[list[Exampl
         cache.parent.mkdir(parents=True, exist_ok=True)
         torch.save({"train": [vars(e) for e in train_ex], "eval": [vars(e) for e in eval_ex], "seconds": gen_s}, cache)
     return train_ex, eval_ex, gen_s
-
-
-def corpus_data(a: argparse.Namespace, target: PreTrainedModel) -> tuple[list[Example], list[Example], float]:
-    """The drafter's domains of a corpus folder (`--corpus`): its train shards for training, its eval shards
-    held out; the seconds are the corpus's own generation time (its manifest)."""
-    import json
-
-    from metasd.training.corpus import iter_corpus
-
-    domains = CORPUS_DOMAINS[a.domain]
-    rows = {split: [r for d in domains for r in iter_corpus(a.corpus, domain=d, split=split)]
-            for split in ("train", "eval")}
-    if not rows["train"]:
-        raise SystemExit(f"{a.corpus} has no finished train shards of {', '.join(domains)}")
-    random.Random(a.seed).shuffle(rows["eval"])
-    train_ex = corpus_examples(target, rows["train"], topk=a.topk, desc=f"{a.domain}: target on the corpus")
-    eval_ex = corpus_examples(target, rows["eval"][: a.eval_prompts], topk=a.topk, desc=f"{a.domain}: held out")
-    manifest = Path(a.corpus) / "manifest.json"
-    secs = json.loads(manifest.read_text(encoding="utf-8")).get("generation_seconds", 0.0) if manifest.exists() else 0.0
-    return train_ex, eval_ex, float(secs)
 
 
 def corpus_line(info: dict) -> str:

@@ -27,6 +27,7 @@ from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -281,6 +282,24 @@ def iter_corpus(out: str | Path, domain: str | None = None, split: str | None = 
         info = json.loads(shard_path(out, i, "json").read_text(encoding="utf-8"))
         if (domain is None or info["domain"] == domain) and (split is None or info["split"] == split):
             yield from read_shard(out, i)
+
+
+def corpus_data(a: argparse.Namespace, target: Any) -> tuple[list, list, float]:
+    """The drafter's domains of a corpus folder (`--corpus`): its train shards for training, its eval shards
+    held out; the seconds are the corpus's own generation time (its manifest)."""
+    from metasd.training.common import CORPUS_DOMAINS, corpus_examples
+
+    domains = CORPUS_DOMAINS[a.domain]
+    rows = {split: [r for d in domains for r in iter_corpus(a.corpus, domain=d, split=split)]
+            for split in ("train", "eval")}
+    if not rows["train"]:
+        raise SystemExit(f"{a.corpus} has no finished train shards of {', '.join(domains)}")
+    random.Random(a.seed).shuffle(rows["eval"])
+    train_ex = corpus_examples(target, rows["train"], topk=a.topk, desc=f"{a.domain}: target on the corpus")
+    eval_ex = corpus_examples(target, rows["eval"][: a.eval_prompts], topk=a.topk, desc=f"{a.domain}: held out")
+    manifest = Path(a.corpus) / "manifest.json"
+    secs = json.loads(manifest.read_text(encoding="utf-8")).get("generation_seconds", 0.0) if manifest.exists() else 0.0
+    return train_ex, eval_ex, float(secs)
 
 
 def write_manifest(out: Path) -> dict:

@@ -57,6 +57,7 @@ from metasd.training.common import (  # noqa: F401 (answer_examples, encode_chat
     fit,
     text_examples,
 )
+from metasd.training.corpus import corpus_data
 from metasd.training.train_whitebox import run_white_box, write_head_card
 
 
@@ -285,7 +286,7 @@ def main(argv: list[str] | None = None) -> int:
     t_start = time.perf_counter()
     bundle = load_bundle("offline", progress=lambda m: print(m, file=sys.stderr))
     chunks = a.text_chunks if a.text_chunks >= 0 else (64 if a.domain == "code" else 0)
-    train_ex, eval_ex, gen_s = domain_data(a, bundle, chunks)
+    train_ex, eval_ex, gen_s = corpus_data(a, bundle.target) if a.corpus else domain_data(a, bundle, chunks)
     print(f"[train] {len(train_ex)} training sequences, {sum(e.labels for e in train_ex)} labelled tokens "
           f"({gen_s:.0f} s of target time)", file=sys.stderr)
     run = run_white_box if a.kind == "white-box" else run_distilled
