@@ -92,22 +92,29 @@ def answer_examples(target: PreTrainedModel, prompts: list[list[int]], max_new_t
 
 
 @torch.inference_mode()
+def teacher_forced(target: PreTrainedModel, rows: list[tuple[list[int], int]], batch_size: int = 8, topk: int = 16,
+                   desc: str = "target on text") -> list[Example]:
+    """(ids, start) rows scored by one right-padded target pass per batch: an Example each, labelled with the
+    target's top-k at every position from `start` to the last but one."""
+    dev = next(target.parameters()).device
+    out: list[Example] = []
+    for b0 in tqdm(range(0, len(rows), batch_size), desc=desc, unit="batch", dynamic_ncols=True, file=sys.stderr):
+        batch = rows[b0 : b0 + batch_size]
+        width = max(len(s) for s, _ in batch)
+        inp = torch.zeros((len(batch), width), dtype=torch.long)
+        for r, (s, _) in enumerate(batch):
+            inp[r, : len(s)] = torch.tensor(s)  # right padding: causal attention never looks ahead
+        logits = target(input_ids=inp.to(dev)).logits.cpu()
+        for r, (s, start) in enumerate(batch):
+            ti, tv = topk_logp(logits[r, start : len(s) - 1], topk)
+            out.append(Example(list(s), start, ti, tv))
+    return out
+
+
 def text_examples(target: PreTrainedModel, sequences: list[list[int]], batch_size: int = 8, topk: int = 16,
                   desc: str = "target on text") -> list[Example]:
     """Plain text (e.g. standard-library source) scored by one forward pass of the target."""
-    dev = next(target.parameters()).device
-    out: list[Example] = []
-    for b0 in tqdm(range(0, len(sequences), batch_size), desc=desc, unit="batch", dynamic_ncols=True, file=sys.stderr):
-        batch = sequences[b0 : b0 + batch_size]
-        width = max(len(s) for s in batch)
-        inp = torch.zeros((len(batch), width), dtype=torch.long)
-        for r, s in enumerate(batch):
-            inp[r, : len(s)] = torch.tensor(s)  # right padding: causal attention never looks ahead
-        logits = target(input_ids=inp.to(dev)).logits.cpu()
-        for r, s in enumerate(batch):
-            ti, tv = topk_logp(logits[r, : len(s) - 1], topk)
-            out.append(Example(list(s), 0, ti, tv))
-    return out
+    return teacher_forced(target, [(list(s), 0) for s in sequences], batch_size, topk, desc)
 
 
 # The corpus's domains (metasd/training/corpus.py) each drafter learns from: the chat drafter speaks for
@@ -115,27 +122,13 @@ def text_examples(target: PreTrainedModel, sequences: list[list[int]], batch_siz
 CORPUS_DOMAINS = {"code": ("code",), "math": ("math",), "chat": ("chat", "qa", "summarization", "translation")}
 
 
-@torch.inference_mode()
 def corpus_examples(target: PreTrainedModel, rows: list[tuple[list[int], list[int]]], batch_size: int = 8,
                     topk: int = 16, max_len: int = 512, desc: str = "target on the corpus") -> list[Example]:
-    """(prompt ids, answer ids) pairs of the corpus as examples: one teacher-forced target pass per batch gives
-    the top-k next-token distributions at every answer token (the shards keep ids only)."""
-    dev = next(target.parameters()).device
-    out: list[Example] = []
-    for b0 in tqdm(range(0, len(rows), batch_size), desc=desc, unit="batch", dynamic_ncols=True, file=sys.stderr):
-        batch = [(p, (p + a)[:max_len]) for p, a in rows[b0 : b0 + batch_size] if a and len(p) < max_len]
-        if not batch:
-            continue
-        width = max(len(s) for _, s in batch)
-        inp = torch.zeros((len(batch), width), dtype=torch.long)
-        for r, (_, s) in enumerate(batch):
-            inp[r, : len(s)] = torch.tensor(s)  # right padding: causal attention never looks ahead
-        logits = target(input_ids=inp.to(dev)).logits.cpu()
-        for r, (p, s) in enumerate(batch):
-            start = len(p) - 1  # the row after the prompt's last id predicts the answer's first
-            ti, tv = topk_logp(logits[r, start : len(s) - 1], topk)
-            out.append(Example(list(s), start, ti, tv))
-    return out
+    """(prompt ids, answer ids) pairs of the corpus as examples: the target's top-k next-token distributions at
+    every answer token, teacher-forced (the shards keep ids only). The row after the prompt's last id predicts
+    the answer's first."""
+    kept = [((p + a)[:max_len], len(p) - 1) for p, a in rows if a and len(p) < max_len]
+    return teacher_forced(target, kept, batch_size, topk, desc)
 
 
 def draft_vocabulary(examples: list[Example], size: int, vocab_size: int) -> torch.Tensor:
