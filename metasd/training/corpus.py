@@ -24,7 +24,7 @@ import re
 import sys
 import time
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -120,52 +120,56 @@ def _passage(rng: random.Random, families: list[list[Path]], max_chars: int = 14
     return sources.pydoc_passage(rng, max_chars=max_chars)
 
 
-def translation_prompts(rng: random.Random, n: int, en: list[list[Path]], de: list[list[Path]]) -> list[Prompt]:
+def _gather(n: int, tries: int, make: Callable[[], Prompt | None]) -> list[Prompt]:
+    """Up to n prompts from `make`, called at most `tries` times (it returns None where its source had nothing)."""
     out: list[Prompt] = []
-    for _ in range(n * 4):
+    for _ in range(tries):
         if len(out) >= n:
             break
+        p = make()
+        if p is not None:
+            out.append(p)
+    return out
+
+
+def translation_prompts(rng: random.Random, n: int, en: list[list[Path]], de: list[list[Path]]) -> list[Prompt]:
+    def one() -> Prompt | None:
         german = bool(de) and rng.random() < 0.6
         p = sources.man_passage(rng, de) if german else _passage(rng, en)
-        if p is None:
-            continue
-        sents = sources.sentences(p.text)
+        sents = sources.sentences(p.text) if p is not None else []
         if not sents:
-            continue
+            return None
         k = rng.choice([1, 1, 2, 3])
         i = rng.randrange(len(sents))
         s = " ".join(sents[i : i + k])
         t = (rng.choice(TRANSLATE_DE).format(s=s) if german
              else rng.choice(TRANSLATE_EN).format(lang=rng.choice(LANGS), s=s))
-        out.append(Prompt(t, p.source, p.licence))
-    return out
+        return Prompt(t, p.source, p.licence)
+
+    return _gather(n, n * 4, one)
 
 
 def summarization_prompts(rng: random.Random, n: int, en: list[list[Path]]) -> list[Prompt]:
-    out: list[Prompt] = []
-    for _ in range(n * 3):
-        if len(out) >= n:
-            break
+    def one() -> Prompt | None:
         p = _passage(rng, en, max_chars=rng.choice([600, 1000, 1600]))
-        if p is not None:
-            t = rng.choice(SUMMARIZE).format(k=rng.choice(["two", "three"]), t=p.text)
-            out.append(Prompt(t, p.source, p.licence))
-    return out
+        if p is None:
+            return None
+        return Prompt(rng.choice(SUMMARIZE).format(k=rng.choice(["two", "three"]), t=p.text), p.source, p.licence)
+
+    return _gather(n, n * 3, one)
 
 
 def qa_prompts(rng: random.Random, n: int, en: list[list[Path]]) -> list[Prompt]:
-    out: list[Prompt] = []
-    for _ in range(n * 3):
-        if len(out) >= n:
-            break
+    def one() -> Prompt | None:
         if rng.random() < 0.25:  # closed-book questions, as in Spec-Bench's qa
-            out.append(Prompt(chat_prompts(rng, 1)[0], "templates", OWN))
-            continue
+            return Prompt(chat_prompts(rng, 1)[0], "templates", OWN)
         p = _passage(rng, en, max_chars=rng.choice([500, 900, 1300]))
-        if p is not None:
-            q = rng.choice(QUESTIONS).format(title=p.title)
-            out.append(Prompt(rng.choice(RAG).format(t=p.text, q=q), p.source, p.licence))
-    return out
+        if p is None:
+            return None
+        q = rng.choice(QUESTIONS).format(title=p.title)
+        return Prompt(rng.choice(RAG).format(t=p.text, q=q), p.source, p.licence)
+
+    return _gather(n, n * 3, one)
 
 
 def roleplay_prompts(rng: random.Random, n: int) -> list[str]:
