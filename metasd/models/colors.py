@@ -55,27 +55,19 @@ def drafter_colors(names: Sequence[str], universe: Iterable[str] = ()) -> dict[s
     return {n: out[n] for n in names}
 
 
-def slot_of(colors: Mapping[str, str], name: str) -> int:
-    """The palette slot of a drafter's colour (its list position for a colour from outside the palette)."""
-    c = colors.get(name)
-    if c in PALETTE:
-        return PALETTE.index(c)
-    return list(colors).index(name) if name in colors else -1
-
-
 def underline_at(slot: int) -> str:
     """The underline of a palette slot. Slots past the tenth shift by five, so the hub presets' own
     drafters (slots 10-12) do not repeat the looks of prompt lookup and token recycling (0, 1)."""
     return UNDERLINES[(slot + 5 * (slot // len(UNDERLINES))) % len(UNDERLINES)]
 
 
-def underline_of(colors: Mapping[str, str], name: str) -> str:
-    """The drafter's second channel besides colour: an underline style, by its colour's slot."""
-    i = slot_of(colors, name)
-    return underline_at(i) if i >= 0 else "none"
-
-
 def underlines(colors: Mapping[str, str]) -> dict[str, str]:
-    """Every drafter's underline at once (linear: views with many drafters call this, not underline_of)."""
+    """Every drafter's second channel besides colour: an underline style, by its colour's palette slot (by its
+    place in `colors` for a colour from outside the palette). Views with many drafters call this once."""
     slot = {c: i for i, c in enumerate(PALETTE)}
     return {n: underline_at(slot.get(c, i)) for i, (n, c) in enumerate(colors.items())}
+
+
+def underline_of(colors: Mapping[str, str], name: str) -> str:
+    """One drafter's underline ("none" for a name the view does not colour)."""
+    return underlines(colors).get(name, "none")

@@ -43,6 +43,11 @@ def _checked(bundle: Bundle, prompt: Any, limit: int, **settings: Any) -> str:
     return check(bundle, prompt, max_new_tokens_limit=limit, **settings).text
 
 
+# The one-prompt table's columns, before a run (the tab's empty table) and after.
+COMPARE_COLUMNS = ["method", "new_tokens", "tokens_per_s", "speedup", "mean_accepted", "acceptance_rate",
+                   "target_calls", "identical_to_target"]
+
+
 def _methods(bundle: Bundle, policy: str) -> list[str]:
     """What a comparison runs: each of the preset's drafters alone, then the bandit."""
     return [single_method(d) for d in bundle.drafter_names] + [policy]
@@ -185,8 +190,7 @@ def _prompt_views(rows: list[dict[str, Any]], cells: list[str], colors: dict[str
     """One prompt's table, its side-by-side grid and its speed-up bars, from the runs so far."""
     df = pd.DataFrame(rows)
     grid = viz.legend_html(colors) + '<div class="cmp-grid">' + "".join(cells) + "</div>"
-    table = df.reindex(columns=["method", "new_tokens", "tokens_per_s", "speedup", "mean_accepted", "acceptance_rate",
-                                "target_calls", "identical_to_target"])
+    table = df.reindex(columns=COMPARE_COLUMNS)
     return table, grid, viz.speedup_bars(df.assign(category="this prompt"), colors)
 
 

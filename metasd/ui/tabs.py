@@ -19,7 +19,7 @@ from metasd.core.validation import MAX_PROMPT_CHARS, markdown_literal
 from metasd.models.presets import PRESETS
 from metasd.ui import text, viz
 from metasd.ui.bundles import available_presets, page_drafters
-from metasd.ui.compare import cancel_compare, compare_prompt, compare_set
+from metasd.ui.compare import COMPARE_COLUMNS, cancel_compare, compare_prompt, compare_set
 from metasd.ui.config import (
     COMPARE_MAX_NEW_TOKENS,
     EXAMPLES,
@@ -264,8 +264,6 @@ def _wire_generate(c: GenerateControls, a: GenerateAnswer, baselines: gr.State, 
 # ----------------------------------------------------------------------------------------------
 # Compare
 
-COMPARE_COLUMNS = ["method", "new_tokens", "tokens_per_s", "speedup", "mean_accepted", "acceptance_rate",
-                   "target_calls", "identical_to_target"]
 # Compare's lanes grid opens a prompt's run in Replay: the grid is built in Compare, the link wired in Replay.
 _LINKS: dict[str, Any] = {}
 
