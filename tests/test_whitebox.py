@@ -12,9 +12,9 @@ import torch
 
 from metasd import run, target_greedy
 from metasd.core.sampling import Sampling
-from metasd.decoding.loading import DraftHead, distilled_path
+from metasd.decoding.loading import Bundle, DraftHead, distilled_path
 from metasd.drafting.whitebox import HeadConfig, WhiteBoxDrafter, build_head, load_head, read_head_info, save_head
-from metasd.models.presets import get_preset
+from metasd.models.presets import DrafterSpec, Preset, get_preset
 from metasd.training.train import answer_examples, draft_vocabulary
 from metasd.training.train_whitebox import (
     Sequence,
@@ -106,6 +106,45 @@ def test_drafting_computes_what_training_trained():
         assert draft.tokens[1] == int(head.logits(a2[0, n - 1]).argmax())
     # Drafting leaves only true-feature positions in the head's cache.
     assert d.k.shape[2] == n - 1 and len(d.tokens) == n - 1
+
+
+def _first_position_hits(target, head, ids: list[int], starts: list[int], shift: int = 0) -> list[bool]:
+    """Offline, as training scores a head: one teacher-forced target pass over the whole text, step 1 of
+    training-time test on its features; for each position n, whether the head's top-1 for token n is ids[n].
+    `shift` feeds every feature that many positions off (what a bug in the hand-over would do)."""
+    with torch.no_grad():
+        hs = target(input_ids=torch.tensor([ids]), output_hidden_states=True).hidden_states
+        feats = torch.cat([hs[i][0] for i in head.c.feature_layers], dim=-1)
+        if shift:
+            feats = torch.cat((feats[:1].repeat(shift, 1), feats[:-shift]))
+        ids_b, _ = batch_tensors([Sequence(torch.tensor(ids), feats, torch.zeros(0), torch.zeros(0), torch.zeros(0))],
+                                 torch.device("cpu"))
+        (a1,) = unrolled_states(head, ids_b, feats[None], 1)
+        # Row t of step 1 reads (feature t, token t + 1) and predicts token t + 2.
+        return [int(head.logits(a1[0, n - 2]).argmax()) == ids[n] for n in starts]
+
+
+def test_live_first_position_acceptance_is_the_teacher_forced_agreement():
+    """A head's first drafted token is accepted in the engine exactly where its teacher-forced top-1 on the
+    finished text agrees with the target, round by round; a feature fed one position off disagrees."""
+    target, prompts, _, head, _, _ = _trained_tiny(steps=60)
+    spec = DrafterSpec("h", "white-box", "a trained tiny head")
+    bundle = Bundle(Preset("tiny", "t", "tiny", (spec,), gamma=4), target, None, {"h": spec}, {"h": head.eval()})
+    live: list[bool] = []
+    offline: list[bool] = []
+    off_by_one: list[bool] = []
+    for prompt in prompts[:8]:
+        rounds, s = run(bundle, prompt, policy="single:h", max_new_tokens=24)
+        ids = prompt + list(s.token_ids)
+        assert ids[len(prompt):] == target_greedy(bundle, prompt, 24)
+        drafted = [r for r in rounds if r.draft]
+        starts = [len(prompt) + r.new_tokens - len(r.emitted) for r in drafted]
+        live += [r.accepted >= 1 for r in drafted]
+        offline += _first_position_hits(target, head, ids, starts)
+        off_by_one += _first_position_hits(target, head, ids, starts, shift=1)
+    assert len(live) >= 40 and 10 <= sum(live) < len(live), "a head that agrees sometimes, not always"
+    assert live == offline
+    assert off_by_one != live
 
 
 def test_engine_hands_over_the_targets_hidden_states():
