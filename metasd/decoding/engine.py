@@ -172,8 +172,6 @@ class Request:
     def start(self) -> None:
         """The prompt's prefill. Deferred from the constructor so that it runs in the thread that consumes
         the events (the page's engine worker, with its torch threads), not in the one that validated."""
-        # The pass's cost by ids fed, probed once per model (before the clock: not this request's time).
-        self.verify_cost.profile = self.bundle.verify_profile()
         t = time.perf_counter()
         self.prefill(list(self.ids))  # a copy: drafters may keep it, self.ids grows
         self.clock.prefill_s = time.perf_counter() - t
