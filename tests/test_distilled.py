@@ -178,3 +178,38 @@ def test_shipped_drafter_is_lossless(offline, reference_model, name):
         _, ref = independent_greedy(reference_model, offline, prompt, 32)
         _, s = run(offline, prompt, policy=f"single:{name}", max_new_tokens=32)
         assert list(s.token_ids) == ref, f"{name} differs from the target on {prompt[:40]!r}"
+
+
+def test_training_resumes_a_saved_drafter_in_pieces(tmp_path):
+    """`--resume`: a second piece of training starts from the saved file (its weights, its draft vocabulary),
+    and its card counts the steps of both pieces."""
+    import argparse
+
+    from metasd.drafting.files import read_info
+    from metasd.training.train import run_distilled
+
+    torch.manual_seed(0)
+    target = tiny_llama(vocab=48, layers=3, hidden=32, seed=5, scale=4.0)
+    gen = torch.Generator().manual_seed(2)
+    prompts = [torch.randint(1, 48, (n,), generator=gen).tolist() for n in (6, 9, 7, 11, 8, 10)]
+    ex = answer_examples(target, prompts, max_new_tokens=12, eos_ids=set(), pad_id=0, batch_size=4, topk=8)
+    bundle = Bundle(Preset("tiny", "t", "tiny-target", (), gamma=4), target, None, {}, {})
+
+    def piece(out, resume: str = "", steps: int = 12) -> dict:
+        a = argparse.Namespace(domain="code", out=str(out), resume=resume, draft_vocab=24, layers=1, init_layer=0,
+                               steps=steps, batch_size=4, lr=3e-3, seed=0, budget_min=0.0, corpus="", prompts=6,
+                               max_new_tokens=12, topk=8, eval_dir=None)
+        assert run_distilled(a, bundle, ex[:4], ex[4:], 1.0, 0, 0.0) == 0
+        return read_info(out)[1]
+
+    first = piece(tmp_path / "one.safetensors")
+    second = piece(tmp_path / "two.safetensors", resume=str(tmp_path / "one.safetensors"), steps=8)
+    # It starts where the first piece ended: the held-out agreement before it is the first piece's after.
+    assert second["eval_agreement_before"] == first["eval_agreement"]
+    assert second["earlier"]["steps"] == 12 and second["steps"] == 8 and second["draft_vocab"] == 24
+    one = load_distilled(tmp_path / "one.safetensors", target, torch.device("cpu"), torch.float32)
+    two = load_distilled(tmp_path / "two.safetensors", target, torch.device("cpu"), torch.float32)
+    assert torch.equal(one.lm_head.ids, two.lm_head.ids)
+    assert "continued (`--resume`) from the same drafter after 12 earlier steps" in (tmp_path / "two.md").read_text()
+    third = piece(tmp_path / "three.safetensors", resume=str(tmp_path / "two.safetensors"), steps=4)
+    assert third["earlier"]["steps"] == 20  # every earlier piece counted

@@ -247,6 +247,14 @@ def domain_data(a: argparse.Namespace, bundle, chunks: int) -> tuple[list[Exampl
     return train_ex, eval_ex, gen_s
 
 
+def earlier_record(earlier: dict, keys: tuple[str, ...]) -> dict:
+    """What a resumed file's card keeps of the runs before this one: the last run's `keys`, and every earlier
+    step counted (a file resumed twice carries the first runs' steps in its own "earlier")."""
+    out = {k: earlier.get(k) for k in keys}
+    out["steps"] = earlier.get("steps", 0) + earlier.get("earlier", {}).get("steps", 0)
+    return out
+
+
 def corpus_line(info: dict) -> str:
     """A card's data line for a drafter trained on a corpus folder ('' for one trained on generated data)."""
     if not info.get("corpus"):

@@ -53,6 +53,7 @@ from metasd.training.common import (  # noqa: F401 (answer_examples, encode_chat
     corpus_line,
     domain_data,
     draft_vocabulary,
+    earlier_record,
     encode_chat,
     fit,
     text_examples,
@@ -140,7 +141,7 @@ def agreement(drafter: PreTrainedModel, examples: list[Example], batch_size: int
 
 
 def train(drafter: PreTrainedModel, examples: list[Example], steps: int, batch_size: int = 8, lr: float = 1e-3,
-          warmup: int = 20, max_len: int = 512, seed: int = 0, desc: str = "distil") -> dict:
+          warmup: int = 20, max_len: int = 512, seed: int = 0, desc: str = "distil", budget_s: float = 0.0) -> dict:
     """AdamW on the drafter's own weights only; the shared embedding and head stay frozen."""
     params = [p for n, p in drafter.named_parameters() if n.startswith(("model.layers.", "model.norm."))]
     # The head (the target's, or a DraftHead's copy of its rows) is never trained.
@@ -150,7 +151,7 @@ def train(drafter: PreTrainedModel, examples: list[Example], steps: int, batch_s
     rng = random.Random(seed)
     drafter.train()
     stats = fit(params, lambda: distill_loss(drafter, rng.sample(examples, min(batch_size, len(examples))), max_len),
-                steps, lr, warmup, desc=desc)
+                steps, lr, warmup, budget_s, desc=desc)
     drafter.eval().requires_grad_(False)
     return {**stats, "batch_size": batch_size, "lr": lr, "max_len": max_len}
 
@@ -203,6 +204,9 @@ def _card_lines(path: Path, info: dict) -> list[str]:
         "", "## Training", "",
         f"- {info.get('steps')} AdamW steps, batch {info.get('batch_size')} sequences, lr {info.get('lr')} "
         f"(warm-up, cosine), {info.get('train_seconds')} s on a 2-core CPU",
+        *([f"- continued (`--resume`) from the same drafter after {info['earlier']['steps']} earlier steps "
+           f"({info['earlier'].get('train_seconds')} s in its last run); \"at initialisation\" below is this run's start"]
+          if info.get("earlier") else []),
         f"- soft cross-entropy to the target's renormalised top-k: first {info.get('first_loss')}, "
         f"final {info.get('final_loss')} (train top-1 agreement {info.get('final_train_agreement')})",
         f"- held-out ({info.get('eval_sequences')} unseen prompts of the domain) top-1 agreement with the target: "
@@ -267,9 +271,9 @@ def build_parser() -> argparse.ArgumentParser:
                     help="train on this corpus folder (python -m metasd.training.corpus) instead of generating data")
     ap.add_argument("--unroll", type=int, default=3, help="white-box: training-time-test steps per position")
     ap.add_argument("--resume", default="",
-                    help="white-box: continue training this head file (its draft vocabulary and layers) instead of a fresh one")
+                    help="continue training this drafter or head file (its draft vocabulary and layers) instead of a fresh one")
     ap.add_argument("--budget-min", type=float, default=0.0,
-                    help="white-box: stop training after this many minutes (0: run every step)")
+                    help="stop training after this many minutes (0: run every step)")
     return ap
 
 
@@ -297,11 +301,21 @@ def run_distilled(a: argparse.Namespace, bundle, train_ex: list[Example], eval_e
                   chunks: int, t_start: float) -> int:
     """`python -m metasd.training.train` (distilled): draft vocabulary, training, the fp16 file, its card."""
     target = bundle.target
-    vocab = draft_vocabulary(train_ex, a.draft_vocab, bundle.target_vocab) if a.draft_vocab > 0 else None
-    drafter = make_drafter(target, a.layers, a.init_layer, vocab)
+    earlier: dict = {}
+    init_layer = a.init_layer
+    if a.resume:  # more steps on a shipped drafter: its weights and draft vocabulary, its record kept in the card
+        drafter = load_distilled(a.resume, target, target.device, torch.float32)
+        _, earlier = read_info(a.resume)
+        head = drafter.get_output_embeddings()
+        vocab = head.ids if isinstance(head, DraftHead) else None
+        init_layer = earlier.get("init_layer", init_layer)
+    else:
+        vocab = draft_vocabulary(train_ex, a.draft_vocab, bundle.target_vocab) if a.draft_vocab > 0 else None
+        drafter = make_drafter(target, a.layers, a.init_layer, vocab)
     before = agreement(drafter, eval_ex)
-    stats = train(drafter, train_ex, a.steps, a.batch_size, a.lr, seed=a.seed, desc=f"{a.domain}: distil")
-    info = {"domain": a.domain, "target": bundle.preset.target, "init_layer": a.init_layer,
+    stats = train(drafter, train_ex, a.steps, a.batch_size, a.lr, seed=a.seed, desc=f"{a.domain}: distil",
+                  budget_s=60 * a.budget_min)
+    info = {"domain": a.domain, "target": bundle.preset.target, "init_layer": init_layer,
             "train_sequences": len(train_ex), "train_labels": sum(e.labels for e in train_ex),
             "prompts": None if a.corpus else a.prompts, "corpus": a.corpus or None,
             "text_chunks": chunks, "max_new_tokens": a.max_new_tokens,
@@ -309,6 +323,9 @@ def run_distilled(a: argparse.Namespace, bundle, train_ex: list[Example], eval_e
             "data_seconds": round(gen_s, 1), **stats,
             "eval_sequences": len(eval_ex), "eval_loss_before": round(before[0], 4),
             "eval_agreement_before": round(before[1], 4)}
+    if earlier:
+        info["earlier"] = earlier_record(earlier, ("steps", "train_seconds", "batch_size", "lr", "final_loss",
+                                                   "eval_agreement"))
     sha = save_drafter(drafter, a.out, info)
     # Score what ships: the fp16 file loaded back the way the preset loads it.
     loaded = load_distilled(a.out, target, target.device, torch.float32)

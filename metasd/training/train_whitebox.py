@@ -27,7 +27,7 @@ from tqdm import tqdm
 
 from metasd.drafting.files import DraftHead, card_file_lines, parameter_count, read_info, write_card_text
 from metasd.drafting.whitebox import HeadConfig, WhiteBoxHead, build_head, load_head, save_head
-from metasd.training.common import Example, corpus_line, draft_vocabulary, fit
+from metasd.training.common import Example, corpus_line, draft_vocabulary, earlier_record, fit
 
 
 @dataclass
@@ -210,8 +210,7 @@ def run_white_box(a, bundle, train_ex: list[Example], eval_ex: list[Example], ge
             "topk": a.topk, "seed": a.seed, "data_seconds": round(gen_s, 1), "feature_seconds": round(feat_s, 1),
             **stats, "eval_sequences": len(held), "eval_before": before}
     if earlier:
-        info["earlier"] = {k: earlier.get(k) for k in ("steps", "train_seconds", "batch_size", "lr", "final_loss", "eval")}
-        info["earlier"]["steps"] = earlier.get("steps", 0) + earlier.get("earlier", {}).get("steps", 0)
+        info["earlier"] = earlier_record(earlier, ("steps", "train_seconds", "batch_size", "lr", "final_loss", "eval"))
     save_head(head, a.out, info)
     # Score what ships: the fp16 file loaded back the way the preset loads it.
     loaded = load_head(a.out, target, target.device, torch.float32)
