@@ -38,6 +38,12 @@ class Machine:
     def hosted(self) -> bool:
         return bool(os.environ.get("SPACE_ID") or os.environ.get("PORT"))
 
+    @property
+    def browser_beside(self) -> bool:
+        """A local start on a small CPU machine: the browser most likely draws on the engine's own cores, and
+        every frame it draws slows the run it shows (docs/BENCHMARKS.md, *The page's own cost*)."""
+        return not self.hosted and self.cores <= 4 and not self.cuda
+
 
 @functools.cache
 def machine() -> Machine:
@@ -145,9 +151,11 @@ SETTINGS: tuple[Setting, ...] = (
             "0 to turn off"),
     Setting("METASD_MAX_BUNDLES", _int(1, 16), lambda m: 2 if m.cuda else 1, "2 on a GPU, else 1",
             "presets kept loaded at once", "a GPU with room for more"),
-    Setting("METASD_FRAME_FPS", _float(0.5, 120.0), lambda m: 8.0, "8",
-            "token-view frames a second of one stream at most", "a slow client"),
-    Setting("METASD_PLOT_INTERVAL", _float(0.0, 60.0), lambda m: 1.0, "1.0",
+    Setting("METASD_FRAME_FPS", _float(0.5, 120.0), lambda m: 3.0 if m.browser_beside else 8.0,
+            "3 on a local CPU start with up to 4 cores, else 8",
+            "token-view frames a second of one stream at most", "a slow client; higher for smoother streams"),
+    Setting("METASD_PLOT_INTERVAL", _float(0.0, 60.0), lambda m: 2.0 if m.browser_beside else 1.0,
+            "2.0 on a local CPU start with up to 4 cores, else 1.0",
             "seconds between redraws of the figures and the table while a run streams",
             "higher for slow browsers"),
     Setting("METASD_SERVER_FPS", _float(1.0, 10_000.0), lambda m: 32.0, "32",

@@ -72,3 +72,22 @@ def test_the_config_command_prints_every_setting_and_refuses_a_bad_one():
                          env={**env, "METASD_PREFIX_MB": "-1"}, timeout=120)
     assert bad.returncode == 2 and "error: METASD_PREFIX_MB='-1' cannot be used" in bad.stderr
     assert "Traceback" not in bad.stderr
+
+
+@pytest.mark.parametrize(("cores", "env", "cuda", "fps", "plots"), [
+    (2, {}, False, 3.0, 2.0),  # a teacher's laptop: the browser draws on the engine's two cores
+    (2, {"PORT": "7860"}, False, 8.0, 1.0),  # hosted: the browsers are elsewhere
+    (16, {}, False, 8.0, 1.0),  # cores to spare for a browser
+    (2, {}, True, 8.0, 1.0),  # the engine on a GPU
+])
+def test_frame_rates_leave_a_small_machine_to_the_run(monkeypatch, cores, env, cuda, fps, plots):
+    for name in ("PORT", "SPACE_ID"):
+        monkeypatch.delenv(name, raising=False)
+    for name, v in env.items():
+        monkeypatch.setenv(name, v)
+    m = settings.Machine()
+    m.cores = cores
+    m.__dict__["cuda"] = cuda  # the cached property, answered without torch
+    monkeypatch.setattr(settings, "machine", lambda: m)
+    assert settings.value("METASD_FRAME_FPS", {}) == fps and settings.value("METASD_PLOT_INTERVAL", {}) == plots
+    assert settings.value("METASD_FRAME_FPS", {"METASD_FRAME_FPS": "8"}) == 8.0  # the operator's word wins
