@@ -13,6 +13,8 @@ import importlib.util
 import logging
 import os
 import sys
+import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -49,6 +51,7 @@ from metasd.ui.config import (  # noqa: E402
 from metasd.ui.errors import name_input_errors  # noqa: E402
 from metasd.ui.files import TMP, TMP_MAX_AGE_S  # noqa: E402
 from metasd.ui.generate import start_rounds, stop_generation  # noqa: E402
+from metasd.ui.playground import playground_default  # noqa: E402
 from metasd.ui.replay import stop_replay  # noqa: E402
 from metasd.ui.session import gradio_unread, quiet_queue, watch_streams  # noqa: E402
 from metasd.ui.tabs import build_compare_tab, build_generate_tab, build_playground_tab, build_replay_tab  # noqa: E402
@@ -164,7 +167,21 @@ def main(argv: list[str] | None = None) -> None:
         # A local CPU start serves the page while the models load (on a machine's first start the offline target
         # is converted first): a Run pressed meanwhile waits for them, told what the load is doing.
         start_loading(default_preset())
+    threading.Thread(target=_prepare_playground, name="metasd-playground-default", daemon=True).start()
     launch(host=a.host, port=a.port)
+
+
+def _prepare_playground() -> None:
+    """The playground's opening simulation, made at start-up (beside the model's load, which takes one core) instead
+    of on the first page load: its worker process starts then (~3 s of CPU on a 2-core machine), not beside a
+    class's first Run (docs/BENCHMARKS.md, *The page's own cost*)."""
+    log = logging.getLogger("metasd.app")
+    try:
+        t = time.perf_counter()
+        playground_default()
+        log.info("playground's opening simulation ready (%.1f s)", time.perf_counter() - t)
+    except Exception as e:  # noqa: BLE001  (the first page load computes it then; the log says why)
+        log.warning("playground's opening simulation not made at start-up: %s", e)
 
 
 if __name__ == "__main__":

@@ -198,6 +198,8 @@ def test_python_app_py_serves_stays_up_and_streams():
         out = served.output()
         assert "Running on local URL" in out, out
         assert "Traceback" not in out, out
+        # Made at start-up, once the model was ready: not on the first page load, beside a class's first Run.
+        assert "playground's opening simulation ready" in out, out
 
         served.proc.terminate()
         try:
