@@ -13,7 +13,6 @@ import importlib.util
 import logging
 import os
 import sys
-import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -167,20 +166,19 @@ def main(argv: list[str] | None = None) -> None:
         # A local CPU start serves the page while the models load (on a machine's first start the offline target
         # is converted first): a Run pressed meanwhile waits for them, told what the load is doing.
         start_loading(default_preset())
-    threading.Thread(target=_prepare_playground, name="metasd-playground-default", daemon=True).start()
+    _prepare_playground()
     launch(host=a.host, port=a.port)
 
 
 def _prepare_playground() -> None:
-    """The playground's opening simulation, made at start-up (beside the model's load, which takes one core) instead
-    of on the first page load: its worker process starts then (~3 s of CPU on a 2-core machine), not beside a
-    class's first Run (docs/BENCHMARKS.md, *The page's own cost*)."""
+    """The playground's opening simulation, made before the page is served (0.5 s in this process) instead of on
+    the first page load, beside a class's first Run (metasd/ui/playground.py, playground_default)."""
     log = logging.getLogger("metasd.app")
     try:
         t = time.perf_counter()
         playground_default()
         log.info("playground's opening simulation ready (%.1f s)", time.perf_counter() - t)
-    except Exception as e:  # noqa: BLE001  (the first page load computes it then; the log says why)
+    except Exception as e:  # noqa: BLE001  (the first page load tries again; the log says why)
         log.warning("playground's opening simulation not made at start-up: %s", e)
 
 

@@ -69,8 +69,9 @@ SIMULATOR = Simulator()
 
 
 def run_playground(table: pd.DataFrame, policies: list[str], gamma: int, rounds: int, reward: str, full_info: bool,
-                   spread: float, seed: int):
-    """The simulation's arm probabilities, regret, per-policy table, and each drafter's expected value."""
+                   spread: float, seed: int, here: bool = False):
+    """The simulation's arm probabilities, regret, per-policy table, and each drafter's expected value. It runs in
+    the Simulator's process, or with `here` in this one (the start-up's default: no run streams yet)."""
     try:
         rows = table.to_dict("records") if isinstance(table, pd.DataFrame) else table
         st = validate_playground(rows, policies, gamma, rounds, reward, full_info, spread, seed)
@@ -81,8 +82,9 @@ def run_playground(table: pd.DataFrame, policies: list[str], gamma: int, rounds:
     drafters = [SynthDrafter(name, acc, cost) for name, acc, cost in st.drafters]
     gamma = st.gamma
     try:
-        results = SIMULATOR.run(compare, list(st.policies), drafters, gamma=st.gamma, rounds=st.rounds,
-                                reward=st.reward, full_info=st.full_info, spread=st.spread, seed=st.seed)
+        results = (compare if here else functools.partial(SIMULATOR.run, compare))(
+            list(st.policies), drafters, gamma=st.gamma, rounds=st.rounds, reward=st.reward, full_info=st.full_info,
+            spread=st.spread, seed=st.seed)
     except (ValueError, TypeError, KeyError) as e:
         raise gr.Error(f"Playground settings: {e}", print_exception=False) from None
     except BrokenProcessPool as e:
@@ -105,11 +107,14 @@ _default_lock = threading.Lock()
 @functools.cache
 def _simulated_default() -> tuple:
     policies, gamma, rounds, reward, full_info, spread, seed = PLAYGROUND_DEFAULTS
-    return run_playground(PLAYGROUND_DRAFTERS, list(policies), gamma, rounds, reward, full_info, spread, seed)
+    return run_playground(PLAYGROUND_DRAFTERS, list(policies), gamma, rounds, reward, full_info, spread, seed,
+                          here=True)
 
 
 def playground_default():
-    """The simulation a page opens with (the tab's default settings), computed once per server: page loads
-    queue no work, and a class opening the page costs one simulation, not one each (one at a time: the lock)."""
+    """The simulation a page opens with (the tab's default settings), computed once per server, in its own process
+    (0.5 s here), which the server does at start-up: page loads queue no work, and a class opening the page costs
+    nothing. The Simulator's process would cost ~3 s of CPU to start: on a 2-core machine, made on the first page
+    load, it slowed the first Run beside it from 1.4x to 0.8x (docs/BENCHMARKS.md, *The page's own cost*)."""
     with _default_lock:
         return _simulated_default()
