@@ -11,6 +11,7 @@ import ctypes
 import gc
 import math
 import os
+import re
 import threading
 import time
 import unicodedata
@@ -520,3 +521,22 @@ def test_memory_is_bounded_over_many_runs(page_offline):
     assert after - before < 40, "memory grows with the number of requests"
     assert live_caches() == 0 and not STOPS.runs
     assert files <= 42
+
+
+def test_the_target_alone_is_timed_while_the_page_draws_its_progress(page_offline):
+    """Timing the target alone streams its progress at the run's frame rate (the page keeps drawing, as it did
+    during the run), then the result; the timing itself is the one measure_target returns."""
+    from metasd.ui.generate import measure_baseline_stream
+
+    outs = consume(generate_view(PROMPT, "offline", max_new_tokens=48))
+    record = outs[-1].record
+    frames = list(measure_baseline_stream(record, {}, True, True))
+    progress = [s for s, b in frames[:-1]]
+    assert progress and all("Timing the target alone on this prompt" in s for s in progress)
+    n = record.rounds[-1].new_tokens
+    made = [int(re.search(rf"(\d+) of {n} tokens", s).group(1)) for s in progress]
+    assert made == sorted(made) and made[-1] > 0, made  # it grows as the target writes
+    stats, baselines = frames[-1]
+    (entry,) = baselines.values()
+    assert "the page drawing its progress" in entry["note"] and "identical" in entry["note"]
+    assert "\u00d7" in stats  # the speed-up, now that both sides are timed

@@ -211,26 +211,29 @@ class _FirstPassDone(LogitsProcessor):
     """Tells the thread plan that the prompt's pass is done (transformers calls logits processors after every
     forward pass; the scores go back unchanged)."""
 
-    def __init__(self, plan: ThreadPlan) -> None:
-        self.plan, self.told = plan, False
+    def __init__(self, plan: ThreadPlan, seen: list[Any] | None = None) -> None:
+        self.plan, self.told, self.seen = plan, False, seen
 
     def __call__(self, input_ids: torch.LongTensor, scores: torch.FloatTensor) -> torch.FloatTensor:
         if not self.told:
             self.plan.first_pass_done()
             self.told = True
+        if self.seen is not None:  # the ids so far, for a page that shows the timing's progress (a reference: no copy)
+            self.seen[0] = input_ids
         return scores
 
 
-def measure_target(bundle: Bundle, prompt: str, n: int) -> tuple[list[int], float]:
+def measure_target(bundle: Bundle, prompt: str, n: int, seen: list[Any] | None = None) -> tuple[list[int], float]:
     """The target alone, timed under the engine worker's thread plan (a fair ratio): in a thread of its own, the
-    prompt's pass with PREFILL_THREADS, every step after it with TORCH_THREADS (metasd.serving.streaming)."""
+    prompt's pass with PREFILL_THREADS, every step after it with TORCH_THREADS (metasd.serving.streaming).
+    `seen[0]`, where given, holds the ids generated so far while it runs (prompt included)."""
     plan = ThreadPlan() if HAS_CUDA else ThreadPlan(PREFILL_THREADS, TORCH_THREADS)
     ids = encode_prompt(bundle, prompt, True)
 
     def timed() -> tuple[list[int], float]:
         plan.begin()
         t = time.perf_counter()
-        out = target_greedy(bundle, ids, n, logits_processor=LogitsProcessorList([_FirstPassDone(plan)]))
+        out = target_greedy(bundle, ids, n, logits_processor=LogitsProcessorList([_FirstPassDone(plan, seen)]))
         return out, time.perf_counter() - t
 
     with MODEL.hold():

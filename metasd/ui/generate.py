@@ -465,11 +465,15 @@ _MEASURED: dict[str, dict[str, Any]] = {}
 
 
 @gpu(duration=_baseline_duration)
-def measure_baseline(record: RunRecord | None, baselines: dict | None, auto: bool = True, forced: bool = False):
-    """The target alone on the same prompt and token count, timed in this session (cached per prompt)."""
+def measure_baseline_stream(record: RunRecord | None, baselines: dict | None, auto: bool = True, forced: bool = False):
+    """The target alone on the same prompt and token count, timed in this session (cached per prompt). While it
+    runs, the numbers show its progress at the run's frame rate: the page draws while the target alone is timed
+    as it drew while the run was, so on a small machine, where the browser draws on the engine's cores, its
+    drawing slows both sides of the speed-up alike. Yields (stats, baselines); the last one is the result."""
     baselines = dict(baselines or {})
     if not record or not record.rounds or not (auto or forced):
-        return gr.skip(), baselines
+        yield gr.skip(), baselines
+        return
     rounds = record.rounds
     n = rounds[-1].new_tokens
     key = baseline_key(record.preset, record.prompt, n)
@@ -481,22 +485,75 @@ def measure_baseline(record: RunRecord | None, baselines: dict | None, auto: boo
     busy = (f"{MODEL.waiting} runs wait for the model" if MODEL.waiting else
             f"{MODEL.running} runs share the model" if SHARED.now is not None and MODEL.running else "")
     if key not in baselines and not forced and busy:
-        return stats(_record_view(record), record, baselines,
-                     f"Target alone not timed now: {busy}. Press “Measure target alone” later."), baselines
+        yield stats(_record_view(record), record, baselines,
+                    f"Target alone not timed now: {busy}. Press “Measure target alone” later."), baselines
+        return
     if key not in baselines or forced:
         bundle = bundle_for(record.preset)
-        try:
-            out, secs = measure_target(bundle, record.prompt, n)
-        except Exception as e:
-            raise failure(e) from None
+        timing = _Timing(bundle, record.prompt, n)
+        view = _record_view(record)
+        while timing.wait(1.0 / FRAME_FPS):
+            yield stats(view, record, baselines, timing.progress()), gr.skip()
+        out, secs = timing.result()
         ours = [t for ev in rounds for t in ev.emitted]
-        note = f"Target alone measured on this prompt in this session: {len(out)} tokens in {secs:.2f} s."
+        note = (f"Target alone measured on this prompt in this session: {len(out)} tokens in {secs:.2f} s (engine "
+                "clock, the page drawing its progress as it drew the run's).")
         if record.settings["temperature"] == 0:
             note += " " + identity_note(bundle, record.prompt, ours, out)
         baselines[key] = _MEASURED[key] = {"tokens_per_s": len(out) / secs if secs > 0 else 0.0, "note": note}
         while len(_MEASURED) > 256:  # bounded: the oldest measurement goes first
             _MEASURED.pop(next(iter(_MEASURED)))
-    return stats(_record_view(record), record, baselines), baselines
+    yield stats(_record_view(record), record, baselines), baselines
+
+
+def measure_baseline(record: RunRecord | None, baselines: dict | None, auto: bool = True, forced: bool = False):
+    """measure_baseline_stream's result, its last frame: (stats, baselines)."""
+    frames = list(measure_baseline_stream(record, baselines, auto, forced))
+    return frames[-1]
+
+
+def measure_now(record: RunRecord | None, baselines: dict | None):
+    """The “Measure target alone” button: time it again, streamed."""
+    yield from measure_baseline_stream(record, baselines, True, True)
+
+
+class _Timing:
+    """The target alone timed in a thread of its own (bundles.measure_target), and what it has generated so far."""
+
+    def __init__(self, bundle: Bundle, prompt: str, n: int) -> None:
+        self.bundle, self.n = bundle, n
+        self.prompt_len = len(encode_prompt(bundle, prompt, True))
+        self.seen: list[Any] = [None]
+        self.done: tuple[list[int], float] | None = None
+        self.error: BaseException | None = None
+        self.thread = threading.Thread(target=self._run, args=(prompt,), name="metasd-baseline", daemon=True)
+        self.thread.start()
+
+    def _run(self, prompt: str) -> None:
+        try:
+            self.done = measure_target(self.bundle, prompt, self.n, self.seen)
+        except BaseException as e:  # noqa: BLE001  (raised in the handler's thread, by result())
+            self.error = e
+
+    def wait(self, seconds: float) -> bool:
+        """Wait up to `seconds`; whether it still runs."""
+        self.thread.join(seconds)
+        return self.thread.is_alive()
+
+    def progress(self) -> str:
+        ids = self.seen[0]
+        made = 0 if ids is None else max(0, int(ids.shape[-1]) - self.prompt_len)
+        tail = ""
+        if made and self.bundle.tokenizer is not None:
+            tail = " \u201c\u2026" + self.bundle.tokenizer.decode(ids[0, -8:].tolist()).replace("\n", " ") + "\u201d"
+        return (f"Timing the target alone on this prompt: {made} of {self.n} tokens{tail}. The page keeps drawing while "
+                "it is timed, as it did during the run.")
+
+    def result(self) -> tuple[list[int], float]:
+        if self.error is not None:
+            raise failure(self.error) from None
+        assert self.done is not None
+        return self.done
 
 
 def _record_view(record: RunRecord) -> viz.LiveView:

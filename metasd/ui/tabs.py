@@ -32,7 +32,7 @@ from metasd.ui.config import (
 )
 from metasd.ui.files import write_logs
 from metasd.ui.frames import REPLAY_FIELDS, lanes_placeholder, outputs, plot
-from metasd.ui.generate import generate_view, measure_baseline, on_preset, policy_choices, stop_generation
+from metasd.ui.generate import generate_view, measure_baseline_stream, measure_now, on_preset, policy_choices, stop_generation
 from metasd.ui.playground import PLAYGROUND_DEFAULTS, PLAYGROUND_DRAFTERS, playground_default, run_playground
 from metasd.ui.replay import gallery, open_grid_run, open_link, replay_at, replay_rounds, replay_view, stop_replay
 
@@ -246,12 +246,12 @@ def _wire_generate(c: GenerateControls, a: GenerateAnswer, baselines: gr.State, 
     after = gen.then(_idle, None, buttons, api_visibility="private", queue=False)
     after = after.then(write_logs, record, [a.csv_btn, a.json_btn], api_visibility="private", queue=False)
     # Timing the target alone has its own limit (it never takes Generate's handlers) and waits in the model's line.
-    after.then(measure_baseline, [record, baselines, a.auto_base], [a.stats, baselines], api_visibility="private",
+    after.then(measure_baseline_stream, [record, baselines, a.auto_base], [a.stats, baselines], api_visibility="private",
                concurrency_limit=1, concurrency_id="baseline", show_progress="minimal")
     # Stop only signals the engine: the stream then ends on its own final frame and keeps the answer
     # (a gradio `cancels` would throw the frame away and reset the outputs).
     c.stop_btn.click(stop_generation, None, None, api_visibility="private", queue=False)
-    a.measure_btn.click(lambda r, b: measure_baseline(r, b, True, True), [record, baselines], [a.stats, baselines],
+    a.measure_btn.click(measure_now, [record, baselines], [a.stats, baselines],
                         api_visibility="private", concurrency_limit=1, concurrency_id="baseline")
     a.show_rejected.change(None, a.show_rejected, None, js=(
         "(v) => { const t = document.getElementById('tokens'); t.classList.toggle('rej-inline', v === 'inline'); "
