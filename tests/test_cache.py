@@ -134,3 +134,34 @@ def test_verify_cost_interpolates_and_extrapolates():
     assert c(3) == pytest.approx(60.0)  # between two measurements: linear
     c.add(4, 66.0)
     assert c(3) == pytest.approx(50.0 + 16.0 * 2 / 3)
+
+
+def test_verify_cost_takes_the_probed_shape_for_counts_not_fed():
+    from metasd.core.costs import VerifyCost, best_length, profiled
+
+    # This CPU's shape (docs/DESIGN.md §4): one id 66.8 ms, two 71.6, then ~3 ms an id.
+    profile = ((1, 66.8), (2, 71.6), (3, 72.0), (6, 80.0))
+    assert profiled(profile, 4) == pytest.approx(72.0 + 8.0 / 3) and profiled(profile, 8) == pytest.approx(80.0 + 16 / 3)
+    c = VerifyCost(5, profile=profile)
+    assert c(1) == 66.8 and c(6) == 80.0  # before any pass: the probe's own ms
+    c.add(6, 100.0)  # a longer context: every count 25% dearer than probed
+    c.add(2, 89.5)
+    assert c(1) == pytest.approx(89.5 * 66.8 / 71.6)  # scaled from the nearest fed count, not flat
+    assert c(3) == pytest.approx(89.5 * 72.0 / 71.6) and c(5) == pytest.approx(100.0 * profiled(profile, 5) / 80.0)
+    # Without the shape a plain step looked as dear as two ids, so a draft that one time in twenty
+    # passes (a 0.1 ms copy drafter) beat it; with it the plain step wins.
+    flat = VerifyCost(5)
+    flat.add(2, 71.6)
+    flat.add(3, 72.0)
+    assert best_length(0.05, 5, 0.1, flat)[1] > 0
+    assert best_length(0.05, 5, 0.1, VerifyCost(5, profile=profile))[1] == 0
+
+
+def test_probe_measures_every_count_non_decreasing():
+    from metasd.decoding.probe import verify_profile
+
+    b = tiny_bundle()
+    prof = verify_profile(b.target, (1, 2, 4), repeats=1)
+    assert [n for n, _ in prof] == [1, 2, 4] and all(ms > 0 for _, ms in prof)
+    assert all(a[1] <= b_[1] for a, b_ in zip(prof, prof[1:], strict=False))
+    assert b.verify_profile() is b.verify_profile()  # probed once per model

@@ -159,3 +159,24 @@ def test_every_policy_decides_what_it_would_choose():
             rewards = [0.2, 0.5, 0.8]
             a.update(c.arm, [r if i == c.arm or a.needs_full_info else None for i, r in enumerate(rewards)])
             b.update(c.arm, [r if i == c.arm or b.needs_full_info else None for i, r in enumerate(rewards)])
+
+
+def test_the_cost_plan_reads_the_accepted_run_not_block_divergence():
+    """The cost-aware plan turns an arm's per-position acceptance into tokens a round: it counts the drafted ids
+    that passed before the first rejection and the drafts that ended in one. Block divergence (the bandit's
+    reward) averages every drafted position: a 4-id draft that fails at its first id and matches after it
+    scores 0.75 there and adds 0 passed, 1 stopped here."""
+    from metasd.decoding.engine import Request, check
+    from tests.tiny import tiny_bundle
+
+    b = tiny_bundle()
+    req = Request.of(b, check(b, [1, 2, 3, 4], policy="metasd-ucb-cost", drafters=["prompt-lookup", "tiny-lm"]))
+    assert req.acceptance(1, 0.42) == 0.42  # nothing drafted yet: the policy's own estimate
+    req._count(0, [0.0, 1.0, 1.0, 1.0])
+    assert (req.passed[0], req.stopped[0]) == (0.0, 1.0)
+    req._count(0, [1.0, 1.0, 1.0, 1.0])  # every id passed: no rejection seen
+    req._count(0, [1.0, 0.5])  # sampled: 1.5 expected ids pass, one time in two the draft ends in a rejection
+    assert req.passed[0] == pytest.approx(5.5) and req.stopped[0] == pytest.approx(1.5)
+    mean = float(req.policy.means[0])
+    assert req.acceptance(0, mean) == pytest.approx(5.5 / 7.0)
+    assert req.acceptance(0, mean + 0.1) == pytest.approx(5.5 / 7.0 + 0.1)  # the policy's optimism on top

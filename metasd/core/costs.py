@@ -26,11 +26,18 @@ def expected_accepted(g: Sequence[float]) -> float:
 
 
 class VerifyCost:
-    """Smoothed time (ms) of one verification by the number of ids fed (1 .. gamma + 1)."""
+    """Smoothed time (ms) of one verification by the number of ids fed (1 .. gamma + 1).
 
-    def __init__(self, gamma: int, extra_id: float = EXTRA_ID_PRIOR) -> None:
+    `profile`, (ids, ms) pairs probed once for the model (metasd/decoding/probe.py), gives the curve's
+    shape for the counts this request has not fed yet: a count never fed costs its profile value
+    scaled by the nearest fed count's measured / profiled ratio (this request's context and company).
+    Without a profile, counts between two fed ones are interpolated and others extrapolated."""
+
+    def __init__(self, gamma: int, extra_id: float = EXTRA_ID_PRIOR,
+                 profile: Sequence[tuple[int, float]] = ()) -> None:
         self.ms = [0.0] * (gamma + 2)
         self.extra_id = extra_id
+        self.profile = tuple(profile)
 
     def add(self, fed: int, ms: float) -> None:
         if fed >= len(self.ms):  # a token tree may feed more ids than a chain's gamma + 1
@@ -42,6 +49,11 @@ class VerifyCost:
         if fed < len(self.ms) and self.ms[fed]:
             return self.ms[fed]
         seen = [(i, m) for i, m in enumerate(self.ms) if m]
+        if self.profile:
+            if not seen:
+                return profiled(self.profile, fed)
+            i, m = min(seen, key=lambda s: (abs(s[0] - fed), -s[0]))  # the nearest fed count
+            return m * profiled(self.profile, fed) / profiled(self.profile, i)
         if not seen:
             return 1.0
         lo = [(i, m) for i, m in seen if i < fed]
@@ -55,6 +67,19 @@ class VerifyCost:
         slope = ((near[1][1] - near[0][1]) / (near[1][0] - near[0][0]) if len(near) == 2
                  else self.extra_id * m0 / max(i0, 1))
         return max(m0 + max(slope, 0.0) * (fed - i0), 1e-3)
+
+
+def profiled(profile: Sequence[tuple[int, float]], fed: int) -> float:
+    """A probed profile's ms at `fed` ids: interpolated between probed counts, the last slope past them."""
+    pts = sorted(profile)
+    if fed <= pts[0][0]:
+        return max(pts[0][1], 1e-3)
+    for (i0, m0), (i1, m1) in zip(pts, pts[1:], strict=False):
+        if fed <= i1:
+            return m0 + (m1 - m0) * (fed - i0) / (i1 - i0)
+    (i0, m0), (i1, m1) = (pts[-2], pts[-1]) if len(pts) > 1 else (pts[0], pts[0])
+    slope = (m1 - m0) / (i1 - i0) if i1 > i0 else 0.0
+    return m1 + max(slope, 0.0) * (fed - i1)
 
 
 def reward(kind: str, g: Sequence[float], k: int, gamma: int, drafted_ms: float, fed: int,

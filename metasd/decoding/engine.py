@@ -10,6 +10,7 @@ Cache invariant: the target's cache always holds ids[:-1]; the last id is fed wi
 
 from __future__ import annotations
 
+import math
 import threading
 import time
 from collections.abc import Callable, Generator, Iterator
@@ -159,6 +160,16 @@ class Request:
         # Per-arm draft length: one more after a fully accepted draft, accepted + 1 after a rejection
         # (every extra verified id costs something: ~4% of a step on this CPU, ~15% unpacked).
         self.caps = [st.gamma] * len(self.arms)
+        # Per arm, the drafted positions that passed and the drafts that stopped at a rejection (expected counts
+        # when sampling): the per-position acceptance that predicts a round's tokens (plan). Block divergence,
+        # the bandit's reward, averages every drafted position, those after a rejection too, so a greedy copy
+        # drafter whose 4-id draft fails at its first id and matches after it scores 0.75.
+        self.passed = [0.0] * len(self.arms)
+        self.stopped = [0.0] * len(self.arms)
+        if self.priors is not None:  # the informed priors count as `weight` positions at their mean
+            for i, m in enumerate(self.priors.arm_means(st.reward, self.names)):
+                if m is not None:
+                    self.passed[i], self.stopped[i] = self.priors.weight * m, self.priors.weight * (1.0 - m)
         self.budget = st.max_new_tokens - 1  # the most a round may draft: it emits accepted + 1 tokens
         self.pre: dict[int, Draft] = {}  # this round's drafts of the model-free arms (sleeping arms)
         self.stop_reason = "max_new_tokens"
@@ -172,6 +183,8 @@ class Request:
     def start(self) -> None:
         """The prompt's prefill. Deferred from the constructor so that it runs in the thread that consumes
         the events (the page's engine worker, with its torch threads), not in the one that validated."""
+        # The pass's cost by ids fed, probed once per model (before the clock: not this request's time).
+        self.verify_cost.profile = self.bundle.verify_profile()
         t = time.perf_counter()
         self.prefill(list(self.ids))  # a copy: drafters may keep it, self.ids grows
         self.clock.prefill_s = time.perf_counter() - t
@@ -232,7 +245,16 @@ class Request:
         """The cost model the cost-aware policy reads: expected tokens per ms of a round with arm i if
         each drafted position passes with probability alpha, and the best draft length (0: a plain step)."""
         kmax = min(self.length(i), len(self.pre[i].tokens)) if i in self.pre else self.length(i)
-        return best_length(alpha, kmax, self.arms[i].ms_per_token, self.verify_cost)
+        return best_length(self.acceptance(i, alpha), kmax, self.arms[i].ms_per_token, self.verify_cost)
+
+    def acceptance(self, i: int, alpha: float) -> float:
+        """Arm i's per-position acceptance for the plan: passed / (passed + stopped) over its drafts so far, with
+        the policy's optimism (alpha less the arm's mean reward) on top; alpha itself before any draft."""
+        seen = self.passed[i] + self.stopped[i]
+        if seen <= 0:
+            return alpha
+        bonus = max(0.0, alpha - float(self.policy.means[i]))
+        return min(1.0, self.passed[i] / seen + bonus)
 
     # ---- the round's steps, in order --------------------------------------------------------
 
@@ -346,6 +368,8 @@ class Request:
             r.scores[i] = g
             # Had it drafted, it would have proposed up to gamma ids: charge that verification.
             r.rewards[i] = self._reward(g, m, self.arms[i].ms_per_token * self.st.gamma, self.st.gamma + 1)
+            if i != r.arm:  # had it drafted: its run over the chunk (all m passing says nothing of a rejection)
+                self._count(i, g)
             tokens_i = 1 + expected_accepted(g)
             self.ledger.arms[self.names[i]].scored_tokens += tokens_i
             if i == r.arm:
@@ -354,6 +378,15 @@ class Request:
             self.ledger.measure_regret()
         elif r.k > 0:  # a round that drafted nothing by choice says nothing about the drafter
             r.rewards[r.arm] = r.reward
+        if r.tokens:
+            self._count(r.arm, r.verdict.beta[:len(r.tokens)])
+
+    def _count(self, i: int, g: list[float]) -> None:
+        """Arm i's expected passing run over positions with acceptance g, and the chance it ends in a rejection."""
+        if not g:
+            return
+        self.passed[i] += expected_accepted(g)
+        self.stopped[i] += 1.0 - math.prod(g)
 
     def _teacher_forced(self, i: int, r: Round, m: int, p_rows: torch.Tensor | None) -> list[float]:
         """Per-position acceptance probabilities of arm i on the verified chunk, had it drafted it."""

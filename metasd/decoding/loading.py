@@ -14,6 +14,7 @@ import json
 import os
 import shutil
 import sys
+import threading
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -34,6 +35,7 @@ from transformers import (
 # The modules that define drafters register their kinds' factories when imported (metasd.drafting.registry).
 from metasd import settings
 from metasd.core.validation import InvalidInput
+from metasd.decoding.probe import verify_profile
 from metasd.drafting import retrieval as _retrieval  # noqa: F401
 from metasd.drafting.drafters import Drafter, layer_skip_view
 from metasd.drafting.files import DISTILLED_FORMAT, DRAFT_VOCAB, DraftHead, drafter_path, read_drafter_file
@@ -179,6 +181,18 @@ class Bundle:
     specs: dict[str, DrafterSpec]
     models: dict[str, torch.nn.Module] = field(default_factory=dict)  # drafter name -> model (or white-box head)
     tokenizer_vocab: int = 0
+    # (ids fed, ms) of one target pass, probed on first use (metasd/decoding/probe.py); `profile_lock` keeps
+    # two first requests from probing at once.
+    probed: tuple[tuple[int, float], ...] = ()
+    profile_lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
+
+    def verify_profile(self) -> tuple[tuple[int, float], ...]:
+        """What a target pass costs by ids fed on this machine, probed once (~2 s on this CPU, in the
+        server's warm-up) and kept for every request on the model."""
+        with self.profile_lock:
+            if not self.probed:
+                self.probed = verify_profile(self.target)
+            return self.probed
 
     def __post_init__(self) -> None:
         if not self.tokenizer_vocab:
