@@ -31,7 +31,8 @@ CLI_TIMEOUT_S = 180
 # (program, subcommand) of every command kind that has a smoke test in this file.
 COVERED = {("make", "run"), ("make", "test"), ("metasd", "generate"), ("metasd", "bench"), ("metasd", "drafters"),
            ("metasd", "replay"), ("metasd", "priors"), ("metasd", "config"), ("metasd.training.train", None),
-           ("metasd.training.corpus", None), ("scripts/load_users.py", None), ("scripts/ab_bench.py", None)}
+           ("metasd.training.corpus", None), ("scripts/load_users.py", None), ("scripts/ab_bench.py", None),
+           ("scripts/measure_page_examples.py", None)}
 
 # Files the README names that do not exist: none. An entry here would fail the test once the file
 # exists (or the README stops naming it), so the list cannot go stale.
@@ -483,6 +484,19 @@ def test_ab_bench_command():
     own = ok(run([program(cmd), "scripts/ab_bench.py", "--help"])).stdout + help_text("metasd", "bench")
     missing = [f for f in flags(cmd) if not re.search(rf"(?<![\w-]){re.escape(f)}(?![\w-])", own)]
     assert not missing, missing
+
+
+@pytest.mark.timeout(CLI_TIMEOUT_S)
+def test_page_examples_command():
+    """The page's own speed-ups as BENCHMARKS.md measures them: its flags are in its --help and every example it
+    names is one of the page's (a full run drives Chromium against a started app for minutes: the browser tests
+    cover those parts)."""
+    (cmd,) = commands_of(("scripts/measure_page_examples.py", None), "benchmarks")
+    usage = ok(run([program(cmd), "scripts/measure_page_examples.py", "--help"])).stdout
+    assert all(f in usage for f in flags(cmd)), (flags(cmd), usage)
+    named = re.search(r"--only (\S+)", cmd).group(1).split(",")
+    ids = {e["question_id"] for e in json.loads((ROOT / "assets" / "examples.json").read_text(encoding="utf-8"))}
+    assert named and set(named) <= ids, sorted(set(named) - ids)
 
 
 @pytest.mark.timeout(CLI_TIMEOUT_S)
