@@ -202,13 +202,17 @@ def test_an_unread_stream_loses_its_place(page_offline, model_busy, caplog):
     assert "a waiting run left the line: its stream was not read" in caplog.text  # the operator sees it too
 
 
+LONG_PROMPT = "Write a long story about a dragon who learns to bake bread."
+
+
 def test_a_running_stream_nobody_reads_is_stopped_and_told_why(page_offline, caplog):
     """A run whose unread backlog only grows stops within the patience, says why (not "you pressed Stop"),
     and the server's log says so."""
     backlog = iter(range(2, 10**6))
     with mock.patch.object(ui_session.STREAMS, "unread", lambda key: next(backlog) if key == "slow" else None), \
             mock.patch.object(ui_session, "READ_PATIENCE_S", 0.3), caplog.at_level(logging.WARNING, ui_generate.log.name):
-        frames = list(generate_view(PROMPT, "offline", max_new_tokens=512, request=req("slow")))
+        # An answer far longer than the patience (a short one could end, by eos, before two frames had gone out).
+        frames = list(generate_view(LONG_PROMPT, "offline", max_new_tokens=512, request=req("slow")))
     last = status_of(frames[-1])
     assert "this page stopped reading its stream" in last and "you pressed Stop" not in last, last
     assert "done:" not in last and "a run was stopped after" in caplog.text
