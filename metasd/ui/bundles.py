@@ -207,33 +207,49 @@ def page_drafters(name: str) -> tuple[list[str], list[str]]:
     return drafter_names(specs), default_drafters(p, specs)
 
 
+class TargetProgress:
+    """What the target alone has written so far while it is timed, for a page that shows it: the ids (a reference
+    to transformers' own tensor, never copied in the timed thread) and the prompt's length (its first call's)."""
+
+    def __init__(self) -> None:
+        self.ids: torch.Tensor | None = None
+        self.prompt_len = 0
+
+    @property
+    def made(self) -> int:
+        return 0 if self.ids is None else int(self.ids.shape[-1]) - self.prompt_len
+
+
 class _FirstPassDone(LogitsProcessor):
     """Tells the thread plan that the prompt's pass is done (transformers calls logits processors after every
-    forward pass; the scores go back unchanged)."""
+    forward pass; the scores go back unchanged), and keeps `progress` where given."""
 
-    def __init__(self, plan: ThreadPlan, seen: list[Any] | None = None) -> None:
-        self.plan, self.told, self.seen = plan, False, seen
+    def __init__(self, plan: ThreadPlan, progress: TargetProgress | None = None) -> None:
+        self.plan, self.told, self.progress = plan, False, progress
 
     def __call__(self, input_ids: torch.LongTensor, scores: torch.FloatTensor) -> torch.FloatTensor:
         if not self.told:
             self.plan.first_pass_done()
             self.told = True
-        if self.seen is not None:  # the ids so far, for a page that shows the timing's progress (a reference: no copy)
-            self.seen[0] = input_ids
+            if self.progress is not None:  # the first call sees the prompt alone
+                self.progress.prompt_len = int(input_ids.shape[-1])
+        if self.progress is not None:
+            self.progress.ids = input_ids
         return scores
 
 
-def measure_target(bundle: Bundle, prompt: str, n: int, seen: list[Any] | None = None) -> tuple[list[int], float]:
+def measure_target(bundle: Bundle, prompt: str, n: int, progress: TargetProgress | None = None
+                   ) -> tuple[list[int], float]:
     """The target alone, timed under the engine worker's thread plan (a fair ratio): in a thread of its own, the
     prompt's pass with PREFILL_THREADS, every step after it with TORCH_THREADS (metasd.serving.streaming).
-    `seen[0]`, where given, holds the ids generated so far while it runs (prompt included)."""
+    `progress`, where given, follows what it has written while it runs."""
     plan = ThreadPlan() if HAS_CUDA else ThreadPlan(PREFILL_THREADS, TORCH_THREADS)
     ids = encode_prompt(bundle, prompt, True)
 
     def timed() -> tuple[list[int], float]:
         plan.begin()
         t = time.perf_counter()
-        out = target_greedy(bundle, ids, n, logits_processor=LogitsProcessorList([_FirstPassDone(plan, seen)]))
+        out = target_greedy(bundle, ids, n, logits_processor=LogitsProcessorList([_FirstPassDone(plan, progress)]))
         return out, time.perf_counter() - t
 
     with MODEL.hold():

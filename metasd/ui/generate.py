@@ -38,6 +38,7 @@ from metasd.ui.bundles import (
     MODEL,
     WAIT_IN_REQUESTS,
     PresetLoad,
+    TargetProgress,
     available_presets,
     bundle_for,
     default_preset,
@@ -493,7 +494,7 @@ def measure_baseline_stream(record: RunRecord | None, baselines: dict | None, au
         timing = _Timing(bundle, record.prompt, n)
         view = _record_view(record)
         while timing.wait(1.0 / FRAME_FPS):
-            yield stats(view, record, baselines, timing.progress()), gr.skip()
+            yield stats(view, record, baselines, timing.progress_note()), gr.skip()
         out, secs = timing.result()
         ours = [t for ev in rounds for t in ev.emitted]
         note = (f"Target alone measured on this prompt in this session: {len(out)} tokens in {secs:.2f} s (engine "
@@ -522,8 +523,7 @@ class _Timing:
 
     def __init__(self, bundle: Bundle, prompt: str, n: int) -> None:
         self.bundle, self.n = bundle, n
-        self.prompt_len = len(encode_prompt(bundle, prompt, True))
-        self.seen: list[Any] = [None]
+        self.progress = TargetProgress()
         self.done: tuple[list[int], float] | None = None
         self.error: BaseException | None = None
         self.thread = threading.Thread(target=self._run, args=(prompt,), name="metasd-baseline", daemon=True)
@@ -531,7 +531,7 @@ class _Timing:
 
     def _run(self, prompt: str) -> None:
         try:
-            self.done = measure_target(self.bundle, prompt, self.n, self.seen)
+            self.done = measure_target(self.bundle, prompt, self.n, self.progress)
         except BaseException as e:  # noqa: BLE001  (raised in the handler's thread, by result())
             self.error = e
 
@@ -540,14 +540,13 @@ class _Timing:
         self.thread.join(seconds)
         return self.thread.is_alive()
 
-    def progress(self) -> str:
-        ids = self.seen[0]
-        made = 0 if ids is None else max(0, int(ids.shape[-1]) - self.prompt_len)
+    def progress_note(self) -> str:
+        made, ids = self.progress.made, self.progress.ids
         tail = ""
-        if made and self.bundle.tokenizer is not None:
+        if made > 0 and ids is not None and self.bundle.tokenizer is not None:
             tail = " \u201c\u2026" + self.bundle.tokenizer.decode(ids[0, -8:].tolist()).replace("\n", " ") + "\u201d"
-        return (f"Timing the target alone on this prompt: {made} of {self.n} tokens{tail}. The page keeps drawing while "
-                "it is timed, as it did during the run.")
+        return (f"Timing the target alone on this prompt: {max(made, 0)} of {self.n} tokens{tail}. The page keeps "
+                "drawing while it is timed, as it did during the run.")
 
     def result(self) -> tuple[list[int], float]:
         if self.error is not None:
