@@ -144,6 +144,12 @@ class Request:
         self.policy = make_policy(st.policy, self.names, seed=st.seed, horizon=max(8, st.max_new_tokens // 2),
                                   plan=self.plan)
         self.sleeping = st.sleeping and self.policy.name != "fixed" and any(d.model_free for d in self.arms)
+        # Per arm, the drafted positions that passed and the drafts that stopped at a rejection (expected counts
+        # when sampling): the per-position acceptance that predicts a round's tokens (plan). Block divergence,
+        # the bandit's reward, averages every drafted position, those after a rejection too, so a greedy copy
+        # drafter whose 4-id draft fails at its first id and matches after it scores 0.75.
+        self.passed = [0.0] * len(self.arms)
+        self.stopped = [0.0] * len(self.arms)
         self.priors = self.start_from_priors() if st.priors else None
         self.g_target = torch.Generator(device=self.dev).manual_seed(st.seed)
         self.g_draft = torch.Generator(device=self.dev).manual_seed(st.seed + 1)
@@ -160,16 +166,6 @@ class Request:
         # Per-arm draft length: one more after a fully accepted draft, accepted + 1 after a rejection
         # (every extra verified id costs something: ~4% of a step on this CPU, ~15% unpacked).
         self.caps = [st.gamma] * len(self.arms)
-        # Per arm, the drafted positions that passed and the drafts that stopped at a rejection (expected counts
-        # when sampling): the per-position acceptance that predicts a round's tokens (plan). Block divergence,
-        # the bandit's reward, averages every drafted position, those after a rejection too, so a greedy copy
-        # drafter whose 4-id draft fails at its first id and matches after it scores 0.75.
-        self.passed = [0.0] * len(self.arms)
-        self.stopped = [0.0] * len(self.arms)
-        if self.priors is not None:  # the informed priors count as `weight` positions at their mean
-            for i, m in enumerate(self.priors.arm_means(st.reward, self.names)):
-                if m is not None:
-                    self.passed[i], self.stopped[i] = self.priors.weight * m, self.priors.weight * (1.0 - m)
         self.budget = st.max_new_tokens - 1  # the most a round may draft: it emits accepted + 1 tokens
         self.pre: dict[int, Draft] = {}  # this round's drafts of the model-free arms (sleeping arms)
         self.stop_reason = "max_new_tokens"
@@ -197,6 +193,9 @@ class Request:
         if pri is None or self.policy.name == "fixed" or all(m is None for m in means):
             return None
         self.policy.set_prior(means, pri.weight)
+        for i, m in enumerate(means):  # the plan's counts too: `weight` positions at the prior mean
+            if m is not None:
+                self.passed[i], self.stopped[i] = pri.weight * m, pri.weight * (1.0 - m)
         return pri
 
     @property
