@@ -187,7 +187,7 @@ class Bundle:
     profile_lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
 
     def verify_profile(self) -> tuple[tuple[int, float], ...]:
-        """What a target pass costs by ids fed on this machine, probed once (~2 s on this CPU, in the
+        """What a target pass costs by ids fed on this machine, probed once (2.5-3.5 s on this CPU, in the
         server's warm-up) and kept for every request on the model."""
         with self.profile_lock:
             if not self.probed:

@@ -2,7 +2,7 @@
 
 The cost-aware policy and the token tree compare a round's expected tokens with its time, and a
 request learns the verification time only for the id counts it feeds. Its first rounds feed gamma + 1
-ids, so a plain step (1 id) was extrapolated from them, flat: on this CPU it is ~7% cheaper than
+ids, so a plain step (1 id) was extrapolated from them, flat: on this CPU it is ~9% cheaper than
 2 ids (docs/DESIGN.md §4), enough that a drafter accepting one id in fifteen looked worth its pass.
 The probe gives every request the shape of the curve from its first round; the request's own
 measurements then scale it to its context and company (metasd/core/costs.py).
@@ -20,7 +20,7 @@ from metasd.core.passes import crop_to
 # Id counts probed: every count of a default chain (gamma 4-5: up to 6 ids) and a tree's budget, then
 # wider steps (the cost grows about linearly there); counts between are interpolated.
 PROBE_IDS = (1, 2, 3, 4, 5, 6, 7, 8, 10, 12, 16)
-CONTEXT = 48  # ids already cached: a short prompt's, so the probe takes ~2 s on a 2-core CPU
+CONTEXT = 48  # ids already cached: a short prompt's, so the probe takes 2.5-3.5 s on a 2-core CPU
 
 
 def verify_profile(model: torch.nn.Module, counts: tuple[int, ...] = PROBE_IDS, repeats: int = 3
