@@ -1,9 +1,10 @@
 """MetaSD Studio: the live visualizer. Only the Gradio layer over the engine's event stream.
 
 This file composes the page from one builder per tab (metasd/ui/tabs.py), gives it its theme, CSS and
-keyboard script, and serves it. Handlers and session state live in metasd/ui/ (its docstring maps it);
-every view is a pure function in metasd/ui/viz.py (events -> HTML, figures, tables). Nothing is re-exported
-here: tests and scripts import handlers, settings and state from the metasd/ui/ module that defines them.
+keyboard script, and serves it. Handlers live in metasd/ui/ (its docstring maps it) and what they share in one
+metasd.ui.server.Server that main() makes and build_demo binds into them; every view is a pure function in
+metasd/ui/viz.py (events -> HTML, figures, tables). Nothing is re-exported here: tests and scripts import
+handlers and settings from the metasd/ui/ module that defines them, and make a Server of their own.
 
     python app.py            # http://127.0.0.1:7860 (0.0.0.0:$PORT where the host sets PORT / SPACE_ID)
 """
@@ -33,7 +34,7 @@ except settings.SettingError as e:
 from metasd.core.validation import UPLOAD_MAX_BYTES  # noqa: E402
 from metasd.decoding.loading import cache_root  # noqa: E402
 from metasd.drafting.registry import load_plugins  # noqa: E402
-from metasd.ui.bundles import WAIT_IN_REQUESTS, default_preset, get_bundle, page_drafters, start_loading  # noqa: E402
+from metasd.ui.bundles import WAIT_IN_REQUESTS, default_preset  # noqa: E402
 from metasd.ui.compare import cancel_compare  # noqa: E402
 from metasd.ui.config import (  # noqa: E402
     ASSETS,
@@ -48,22 +49,24 @@ from metasd.ui.config import (  # noqa: E402
     TORCH_THREADS,
 )
 from metasd.ui.errors import name_input_errors  # noqa: E402
-from metasd.ui.files import TMP, TMP_MAX_AGE_S  # noqa: E402
+from metasd.ui.files import TMP_MAX_AGE_S  # noqa: E402
 from metasd.ui.generate import start_rounds, stop_generation  # noqa: E402
 from metasd.ui.playground import playground_default  # noqa: E402
 from metasd.ui.replay import stop_replay  # noqa: E402
-from metasd.ui.session import gradio_unread, quiet_queue, watch_streams  # noqa: E402
+from metasd.ui.server import Server  # noqa: E402
+from metasd.ui.session import gradio_unread, quiet_queue  # noqa: E402
 from metasd.ui.tabs import build_compare_tab, build_generate_tab, build_playground_tab, build_replay_tab  # noqa: E402
 from metasd.ui.text import HEAD, HERO  # noqa: E402
 
 
-def build_demo() -> gr.Blocks:
-    """The page: a header, then the Generate, Compare, Replay and Bandit playground tabs."""
+def build_demo(server: Server) -> gr.Blocks:
+    """The page: a header, then the Generate, Compare, Replay and Bandit playground tabs, every handler bound to
+    `server` (metasd/ui/server.py: the models, the line, the stops, the temp dir)."""
     # Operator plugins (metasd.drafting.registry): modules named by whoever runs the server, never by the page;
     # loaded here, not on import. Their drafters join every preset's list, each with a colour of its own.
     load_plugins(settings.value("METASD_PLUGINS"))
     preset0 = default_preset()
-    drafters0, _ = page_drafters(preset0)  # drawn while the models may still load
+    drafters0, _ = server.presets.drafters(preset0)  # drawn while the models may still load
     # delete_cache: gradio's copies of served files (run logs hold prompts) go after an hour.
     # analytics_enabled=False in code: the app never phones home, whatever the host's environment says.
     with gr.Blocks(title="MetaSD Studio", delete_cache=(TMP_MAX_AGE_S, TMP_MAX_AGE_S), analytics_enabled=False) as demo:
@@ -71,14 +74,14 @@ def build_demo() -> gr.Blocks:
         record = gr.State(None)
         gr.HTML(HERO.format(pill="GPU" if HAS_CUDA else "CPU \u00b7 offline"))
         with gr.Tabs(elem_id="tabs") as tabs:
-            build_generate_tab(preset0, drafters0, baselines, record, GENERATE_HANDLERS)
-            build_compare_tab(preset0)
-            build_replay_tab(demo, tabs, drafters0)
-            build_playground_tab(demo)
+            build_generate_tab(server, preset0, drafters0, baselines, record, GENERATE_HANDLERS)
+            link = build_compare_tab(server, preset0)
+            build_replay_tab(server, demo, tabs, drafters0, link)
+            build_playground_tab(server, demo)
         # A closed tab ends its generation (gradio also drops the run when the page's stream closes).
-        demo.unload(stop_generation)
-        demo.unload(cancel_compare)
-        demo.unload(stop_replay)
+        demo.unload(server.bind(stop_generation))
+        demo.unload(server.bind(cancel_compare))
+        demo.unload(server.bind(stop_replay))
     name_input_errors(demo)  # a value gradio cannot take gets a message naming its field, not a bare "Error"
     return demo
 
@@ -116,15 +119,17 @@ def no_missing_imports(*names: str) -> None:
             sys.modules[name] = None  # `import name` now fails at once, as it would after the search
 
 
-def launch(demo: gr.Blocks | None = None, host: str | None = None, port: int | None = None, **kwargs: Any):
-    """Queue (bounded) and serve the page; returns what Blocks.launch returns."""
-    demo = demo or build_demo()
+def launch(server: Server, demo: gr.Blocks | None = None, host: str | None = None, port: int | None = None,
+           **kwargs: Any):
+    """Queue (bounded) and serve the page (built for `server` where not given); returns what Blocks.launch
+    returns."""
+    demo = demo or build_demo(server)
     h, p = server_address()
     # Gradio's queue is bounded, but Generate's handlers all start at once and wait in the app's own line
     # (MODEL), which tells each run its place, or that the class is full; the handlers' threads need room.
     demo.queue(max_size=QUEUE_SIZE, default_concurrency_limit=GEN_CONCURRENCY)
     quiet_queue(demo)  # gradio's queue polls every 1 ms: ~10% of a core on an idle server
-    watch_streams(gradio_unread(demo))  # a run whose stream nobody reads leaves the line within seconds
+    server.streams.unread = gradio_unread(demo)  # a run whose stream nobody reads leaves the line within seconds
     no_missing_imports("matplotlib")
     kwargs.setdefault("max_threads", GENERATE_HANDLERS + 40)
     logging.getLogger("metasd.app").info(
@@ -136,10 +141,10 @@ def launch(demo: gr.Blocks | None = None, host: str | None = None, port: int | N
     # checks its own cap (a prompt set: PROMPT_SET_MAX_BYTES) with a message of its own.
     # Files are served only from the app's temp dir (and gradio's own upload/cache dirs); the source
     # tree and the model cache are blocked outright, whatever else is configured.
-    served = [TMP.resolve(), Path(gr.utils.get_upload_folder()).resolve()]
+    served = [server.files.root.resolve(), Path(gr.utils.get_upload_folder()).resolve()]
     blocked = [str(d.resolve()) for d in (ROOT, cache_root()) if not any(x.is_relative_to(d.resolve()) for x in served)]
     return demo.launch(server_name=host or h, server_port=port or p, theme=THEME, css=CSS, head=HEAD, footer_links=["api"],
-                       allowed_paths=[str(TMP)], blocked_paths=blocked, max_file_size=UPLOAD_MAX_BYTES, **kwargs)
+                       allowed_paths=[str(server.files.root)], blocked_paths=blocked, max_file_size=UPLOAD_MAX_BYTES, **kwargs)
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -156,27 +161,28 @@ def main(argv: list[str] | None = None) -> None:
         # (metasd.serving.streaming.in_fresh_thread).
         torch.set_num_threads(1)
     load_plugins(settings.value("METASD_PLUGINS"))  # a plugin that fails stops the start before any model loads
+    server = Server()
     if BATCH or HOSTED or not WAIT_IN_REQUESTS:
         # Load first: the shared rounds' processes fork from the loaded models before the server starts its threads;
         # a host shows its own page until the port answers; on a GPU a request does not wait for a load.
-        bundle = get_bundle(default_preset())
+        bundle = server.presets.get(default_preset())
         if BATCH:
-            logging.getLogger("metasd.app").info(start_rounds(bundle))
+            logging.getLogger("metasd.app").info(start_rounds(server, bundle))
     else:
         # A local CPU start serves the page while the models load (on a machine's first start the offline target
         # is converted first): a Run pressed meanwhile waits for them, told what the load is doing.
-        start_loading(default_preset())
-    _prepare_playground()
-    launch(host=a.host, port=a.port)
+        server.presets.start_loading(default_preset())
+    _prepare_playground(server)
+    launch(server, host=a.host, port=a.port)
 
 
-def _prepare_playground() -> None:
+def _prepare_playground(server: Server) -> None:
     """The playground's opening simulation, made before the page is served (0.5 s in this process) instead of on
     the first page load, beside a class's first Run (metasd/ui/playground.py, playground_default)."""
     log = logging.getLogger("metasd.app")
     try:
         t = time.perf_counter()
-        playground_default()
+        playground_default(server)
         log.info("playground's opening simulation ready (%.1f s)", time.perf_counter() - t)
     except Exception as e:  # noqa: BLE001  (the first page load tries again; the log says why)
         log.warning("playground's opening simulation not made at start-up: %s", e)

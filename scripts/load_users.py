@@ -154,9 +154,9 @@ def the_bundle(preset: str, device: str | None) -> Any:
     """The preset's models in this process: the page's own load for the offline preset, else load_bundle (a
     hub preset on a GPU, or on the CPU against stand-ins: scripts/gpu_bench.sh --dry-run)."""
     if preset == "offline" and device is None:
-        from metasd.ui.bundles import get_bundle
+        from metasd.ui.bundles import Presets
 
-        return get_bundle("offline")
+        return Presets().get("offline")
     from metasd.decoding.loading import load_bundle
 
     return load_bundle(preset, device=device)

@@ -25,11 +25,11 @@ def main() -> None:
 
     from metasd.decoding import engine, lanes
     from metasd.decoding.engine import run
-    from metasd.ui.bundles import get_bundle
+    from metasd.ui.bundles import Presets
     from metasd.ui.config import EXAMPLES, PAGE_POLICY, TORCH_THREADS
 
     torch.set_num_threads(TORCH_THREADS)
-    bundle = get_bundle("offline")
+    bundle = Presets().get("offline")
     examples = EXAMPLES[:: max(1, len(EXAMPLES) // a.prompts)][: a.prompts]
     real = lanes.round_scores
     tps: dict[str, list[float]] = {"with": [], "without": []}

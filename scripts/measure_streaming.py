@@ -149,10 +149,10 @@ def main() -> None:
     a = ap.parse_args()
     if a.space:  # before metasd.ui is imported: its thread settings are read once, at import
         os.environ["SPACE_ID"] = "local/metasd-measure"
-    from metasd.ui.bundles import get_bundle
+    from metasd.ui.bundles import Presets
     from tests.test_start import free_port, scrubbed_env, started
 
-    bundle = get_bundle("offline")
+    bundle = Presets().get("offline")
     env = scrubbed_env()
     env.pop("OMP_NUM_THREADS")  # torch's own default, as for a user
     env.update({k: v for k, v in os.environ.items() if k.startswith("METASD_")})  # e.g. METASD_FRAME_FPS to compare

@@ -31,11 +31,11 @@ def main() -> None:
     from metasd.decoding.engine import run
     from metasd.decoding.lanes import lanes_for
     from metasd.ui import viz
-    from metasd.ui.bundles import get_bundle
+    from metasd.ui.bundles import Presets
     from metasd.ui.config import EXAMPLES, PAGE_POLICY, TORCH_THREADS
 
     torch.set_num_threads(TORCH_THREADS)
-    bundle = get_bundle("offline")
+    bundle = Presets().get("offline")
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
     settings = {"policy": PAGE_POLICY, "reward": "bd", "gamma": bundle.preset.gamma, "max_new_tokens": a.max_new_tokens,

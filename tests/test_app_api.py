@@ -10,7 +10,12 @@ import pytest
 from gradio_client import Client
 
 from metasd.decoding.engine import run
-from tests.app_server import app_url  # noqa: F401  (fixture)
+from tests.app_server import (
+    app_url,  # noqa: F401  (fixture)
+    page_server,
+)
+
+SERVER = page_server()  # this test process's server, shared with the app served in-process
 
 PROMPT = "Summarize in one sentence: the bakery on Elm Street opens at seven and sells rye bread, croissants and tea."
 
@@ -55,9 +60,7 @@ def test_generate_streams_rounds_and_matches_engine(app_url):  # noqa: F811
     lengths = [len("".join(t)) for t in texts]
     assert lengths == sorted(lengths) and lengths[0] < lengths[-1], "the token view grows round by round"
 
-    from metasd.ui.bundles import get_bundle
-
-    rounds, summary = run(get_bundle("offline"), PROMPT, max_new_tokens=24)
+    rounds, summary = run(SERVER.presets.get("offline"), PROMPT, max_new_tokens=24)
     final = "".join(parse(updates[-1][0]).out)
     assert final == "".join("".join(ev.emitted_text) for ev in rounds)
     assert final.strip() == summary.text.strip()
@@ -73,7 +76,6 @@ def test_generate_streams_rounds_and_matches_engine(app_url):  # noqa: F811
 @pytest.mark.offline_model
 @pytest.mark.timeout(180)
 def test_cancel_stops_generation_and_app_keeps_serving(app_url):  # noqa: F811
-    from metasd.ui.session import STOPS
 
     client = Client(app_url, verbose=False)
     job = client.submit(PROMPT, preset="offline", max_new_tokens=400, api_name="/generate")
@@ -86,9 +88,9 @@ def test_cancel_stops_generation_and_app_keeps_serving(app_url):  # noqa: F811
     job.cancel()
     # 400 tokens take well over 10 s here; a cancelled generation ends within a round or two,
     # and its `finally` (stop signal set, engine generator closed) releases the session's entry.
-    while STOPS.runs and time.time() - t0 < 10:
+    while SERVER.stops.runs and time.time() - t0 < 10:
         time.sleep(0.1)
-    assert not STOPS.runs, "the cancelled generation is still running"
+    assert not SERVER.stops.runs, "the cancelled generation is still running"
     out = client.predict(PROMPT, preset="offline", max_new_tokens=16, api_name="/generate")
     assert parse(out[0]).out, "the app serves the next request after a cancel"
 
@@ -115,7 +117,7 @@ def test_only_preset_names_load_and_hub_presets_need_cuda(monkeypatch):
     assert bundles.available_presets() == ["offline"]
     for bad in ("gpt2", "Qwen/Qwen2.5-7B-Instruct", "../../etc/passwd", "qwen2.5-7b", None, 3):
         with pytest.raises(InvalidInput):
-            bundles.get_bundle(bad)
+            bundles.Presets().get(bad)
     monkeypatch.setattr(bundles, "HAS_CUDA", True)
     assert bundles.available_presets() == list(PRESETS)
 

@@ -14,7 +14,12 @@ from pathlib import Path
 
 import pytest
 
-from tests.app_server import app_url  # noqa: F401  (fixture)
+from tests.app_server import (
+    app_url,  # noqa: F401  (fixture)
+    page_server,
+)
+
+SERVER = page_server()  # this test process's server, shared with the app served in-process
 
 CHROMIUM = Path("/usr/bin/chromium")
 SCREENSHOT = Path(__file__).resolve().parents[1] / "assets" / "screenshot.png"
@@ -105,8 +110,6 @@ def wait_idle(page, timeout_ms: int = 180_000) -> None:
 def test_page_streams_coloured_tokens_and_plots(page):
     from playwright.sync_api import expect
 
-    from metasd.ui.bundles import get_bundle
-
     # Pick the first translation example from the list (each example is named by its task): it fills the prompt box.
     page.locator("#examples").get_by_text("Translation \u00b7 Translate into French", exact=False).first.click()
     expect(page.locator("#prompt textarea")).to_have_value(re.compile("Translate into French"), timeout=10_000)
@@ -138,7 +141,7 @@ def test_page_streams_coloured_tokens_and_plots(page):
     expect(page.locator("#stop")).to_be_disabled(timeout=10_000)
 
     legend = page.locator("#tokens .tok-legend .chip[data-drafter]")
-    bundle = get_bundle("offline")
+    bundle = SERVER.presets.get("offline")
     names = [n for n in bundle.drafter_names if n in bundle.default_drafters]  # the request's arms, in colour order
     expect(legend).to_have_count(len(names))
     assert legend.evaluate_all("els => els.map(e => e.dataset.drafter)") == names

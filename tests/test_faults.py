@@ -21,7 +21,10 @@ from metasd.models import cpu_linear
 from metasd.models.cpu_linear import pack_linears
 from metasd.serving import batch
 from metasd.serving.batch import Rounds, check_shared_pass, pass_block, row_invariant
+from tests.app_server import page_server
 from tests.tiny import tiny_bundle
+
+SERVER = page_server()  # this test process's server, shared with the app served in-process
 
 pytestmark = pytest.mark.skipif(cpu_linear._packed_op() is None, reason="this torch has no oneDNN packed linear")
 
@@ -65,18 +68,17 @@ def test_where_no_call_size_is_row_invariant_the_server_shares_passes_in_blocks(
     line says so with what blocks cost a lone pass, and four runs at once each get exactly what a run alone gets
     from the same server (both through blocked passes: arm, draft, accepted and emitted ids of every round)."""
     from metasd.ui import generate as ui_generate
-    from metasd.ui.bundles import MODEL
 
     b = variant_bundle
     assert not row_invariant(b.target) and pass_block(b.target) == 4
     assert check_shared_pass(b.target, 0) is not None, "without blocks the stand-in must change a row in company"
     assert check_shared_pass(b.target, 4) is None
-    slots = MODEL.slots
-    line = ui_generate.start_rounds(b, process=0)
+    slots = SERVER.model.slots
+    line = ui_generate.start_rounds(SERVER, b, process=0)
     try:
         assert "in this process (row-wise layers in blocks of 4 rows: " in line, line
         assert "without them this CPU's kernels give a row other bits" in line and "ms without" in line, line
-        rounds = ui_generate.SHARED.now
+        rounds = SERVER.shared.now
         assert isinstance(rounds, Rounds) and rounds.block == 4 and rounds.share
 
         def run(p: list[int], i: int) -> list:
@@ -94,8 +96,8 @@ def test_where_no_call_size_is_row_invariant_the_server_shares_passes_in_blocks(
         assert [outs.get(i) for i in range(len(PROMPTS))] == alone
         assert rounds.most >= 2, "the runs never shared a pass"
     finally:
-        ui_generate.stop_rounds()
-        MODEL.resize(slots)
+        SERVER.shared.stop()
+        SERVER.model.resize(slots)
 
 
 def test_a_layout_the_shared_pass_does_not_compute_is_refused_at_start_up():
@@ -116,9 +118,9 @@ def test_a_layout_the_shared_pass_does_not_compute_is_refused_at_start_up():
     lm.forward = scaled.__get__(lm)
     assert batch.supports(b.target) and row_invariant(b.target)
     assert "in company than alone" in (check_shared_pass(b.target) or "")
-    line = ui_generate.start_rounds(b, process=0)
+    line = ui_generate.start_rounds(SERVER, b, process=0)
     assert line.startswith("shared rounds: off (the shared pass was checked against the model's own"), line
-    assert ui_generate.SHARED.now is None
+    assert SERVER.shared.now is None
 
 
 def _events_in_order(bundle, kws: list[dict], prompts: list[list[int]]) -> tuple[list[tuple[int, object]], Rounds]:
@@ -253,7 +255,7 @@ def test_playground_simulations_run_one_at_a_time():
     from metasd.ui import playground as ui_playground
 
     spans: list = []
-    threads = [threading.Thread(target=lambda: spans.append(ui_playground.SIMULATOR.run(_window, 0.2))) for _ in range(4)]
+    threads = [threading.Thread(target=lambda: spans.append(SERVER.simulator.run(_window, 0.2))) for _ in range(4)]
     for t in threads:
         t.start()
     for t in threads:
@@ -264,7 +266,7 @@ def test_playground_simulations_run_one_at_a_time():
     policies, gamma, _, reward, full_info, spread, seed = ui_playground.PLAYGROUND_DEFAULTS
     answers: list = []
     threads = [threading.Thread(target=lambda: answers.append(ui_playground.run_playground(
-        ui_playground.PLAYGROUND_DRAFTERS, list(policies), gamma, 200, reward, full_info, spread, seed)))
+        SERVER, ui_playground.PLAYGROUND_DRAFTERS, list(policies), gamma, 200, reward, full_info, spread, seed)))
         for _ in range(4)]
     for t in threads:
         t.start()

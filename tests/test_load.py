@@ -18,8 +18,10 @@ import pytest
 from gradio_client import Client
 
 from metasd.decoding.engine import run
-from tests.app_server import free_port
+from tests.app_server import free_port, page_server
 from tests.test_app_api import parse
+
+SERVER = page_server()  # this test process's server, shared with the app served in-process
 
 pytestmark = [pytest.mark.offline_model, pytest.mark.usefixtures("one_torch_thread")]
 USERS, TOKENS = 6, 12
@@ -64,15 +66,14 @@ def server():
     """A server of its own that runs 3 generations at once (the page's default on a CPU is 1), so that
     requests really share the models; it closes at the end of the module."""
     import app
-    from metasd.ui.bundles import get_bundle
 
-    get_bundle("offline")
+    SERVER.presets.get("offline")
     saved = app.GEN_CONCURRENCY  # read by app.launch (the queue's concurrency), so set on app
     app.GEN_CONCURRENCY = 3
     try:
-        demo = app.build_demo()
+        demo = app.build_demo(SERVER)
         port = free_port()
-        app.launch(demo, host="127.0.0.1", port=port, prevent_thread_lock=True, quiet=True)
+        app.launch(SERVER, demo, host="127.0.0.1", port=port, prevent_thread_lock=True, quiet=True)
     finally:
         app.GEN_CONCURRENCY = saved
     SERVED["demo"] = demo
@@ -96,16 +97,14 @@ def _solo(bundle, kw: dict) -> str:
 
 @pytest.mark.timeout(600)
 def test_concurrent_users_get_exactly_their_solo_output(server):
-    from metasd.ui.bundles import get_bundle
-    from metasd.ui.session import STOPS
 
     peak = {"n": 0}
     watching = threading.Event()
 
     def watch():
         while not watching.is_set():
-            with STOPS.lock:
-                n = sum(len(v) for v in STOPS.runs.values())
+            with SERVER.stops.lock:
+                n = sum(len(v) for v in SERVER.stops.runs.values())
             peak["n"] = max(peak["n"], n)
             time.sleep(0.02)
 
@@ -140,7 +139,7 @@ def test_concurrent_users_get_exactly_their_solo_output(server):
     watching.set()
     watcher.join(2)
 
-    bundle = get_bundle("offline")
+    bundle = SERVER.presets.get("offline")
     differing, served, kinds = [], 0, set()
     for r in results:
         for kw, text in r["valid"]:
@@ -157,7 +156,7 @@ def test_concurrent_users_get_exactly_their_solo_output(server):
     assert served == USERS * len(SETTINGS) and not differing
     assert len(kinds) == len(BAD) and peak["n"] >= 2
     # Still healthy: nothing left running, and a new user is served.
-    assert not STOPS.runs
+    assert not SERVER.stops.runs
     out = Client(server, verbose=False).predict(api_name="/generate", **_request(PROMPTS[0], SETTINGS[0]))
     assert "".join(parse(out[0]).out) == _solo(bundle, _request(PROMPTS[0], SETTINGS[0]))
 
@@ -166,9 +165,8 @@ def test_concurrent_users_get_exactly_their_solo_output(server):
 def test_shared_models_are_safe_from_several_threads():
     """The engine called from 6 threads at once on the one loaded bundle (no queue in between) gives
     each request the token ids it gets alone."""
-    from metasd.ui.bundles import get_bundle
 
-    bundle = get_bundle("offline")
+    bundle = SERVER.presets.get("offline")
     jobs = [(PROMPTS[i], SETTINGS[i % 2]) for i in range(USERS)]
 
     def ids(job) -> tuple[int, ...]:
@@ -183,10 +181,9 @@ def test_shared_models_are_safe_from_several_threads():
 
 
 def _stops_of(session: str) -> int:
-    from metasd.ui.session import STOPS
 
-    with STOPS.lock:
-        return len(STOPS.runs.get(session, ()))
+    with SERVER.stops.lock:
+        return len(SERVER.stops.runs.get(session, ()))
 
 
 @pytest.mark.timeout(300)

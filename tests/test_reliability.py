@@ -32,13 +32,14 @@ from metasd.ui import bundles as ui_bundles
 from metasd.ui import compare as ui_compare
 from metasd.ui import files as ui_files
 from metasd.ui import playground as ui_playground
-from metasd.ui.bundles import get_bundle
 from metasd.ui.compare import compare_prompt, compare_set
 from metasd.ui.config import COMPARE_MAX_NEW_TOKENS, MAX_NEW_TOKENS
-from metasd.ui.files import TMP, write_logs
+from metasd.ui.files import write_logs
 from metasd.ui.generate import generate_view, measure_baseline, stop_generation
 from metasd.ui.playground import run_playground
-from metasd.ui.session import STOPS
+from tests.app_server import page_server
+
+SERVER = page_server()  # this test process's server, shared with the app served in-process
 
 PROMPT = "Summarize in one sentence: the bakery on Elm Street opens at seven and sells rye bread, croissants and tea."
 pytestmark = [pytest.mark.offline_model, pytest.mark.usefixtures("one_torch_thread")]
@@ -47,7 +48,7 @@ pytestmark = [pytest.mark.offline_model, pytest.mark.usefixtures("one_torch_thre
 @pytest.fixture(scope="module")
 def page_offline():
     """The page's offline preset, loaded once for the module (as the server loads it at start-up)."""
-    return get_bundle("offline")
+    return SERVER.presets.get("offline")
 
 
 def request(session: str) -> SimpleNamespace:
@@ -139,7 +140,7 @@ def test_generate_handler_refuses_clearly_or_runs_in_range(page_offline, prompt,
                                                            policy, reward, drafters):
     with engine_stub() as seen:
         try:
-            consume(generate_view(prompt, "offline", drafters, policy, reward, gamma, mnt, temperature, top_p, seed,
+            consume(generate_view(SERVER, prompt, "offline", drafters, policy, reward, gamma, mnt, temperature, top_p, seed,
                                   request=request("hyp")))
         except gr.Error as e:
             assert _named(str(e.message)), e.message
@@ -153,8 +154,8 @@ def test_generate_handler_refuses_clearly_or_runs_in_range(page_offline, prompt,
     assert all(ch in "\n\t" or unicodedata.category(ch) not in ("Cc", "Cf", "Cs", "Co") for ch in text)
     assert 1 <= s.gamma <= 16 and 1 <= s.max_new_tokens <= MAX_NEW_TOKENS
     assert 0 <= s.temperature <= 2 and math.isfinite(s.temperature) and 0.01 <= s.top_p <= 1 and 0 <= s.seed < 2**32
-    assert len(ids) + s.max_new_tokens + s.gamma < get_bundle("offline").max_context
-    assert not STOPS.runs
+    assert len(ids) + s.max_new_tokens + s.gamma < SERVER.presets.get("offline").max_context
+    assert not SERVER.stops.runs
 
 
 @given(prompt=TEXT, mnt=NUMBER, policy=st.sampled_from(["metasd-ucb", "nope", "single:layer-skip", ""]))
@@ -163,13 +164,13 @@ def test_compare_handler_validates_before_running(page_offline, prompt, mnt, pol
     ran: list = []
     with mock.patch.object(ui_compare, "_method_stream", recorder(ran)):
         try:
-            list(compare_prompt(prompt, "offline", policy, mnt, progress=lambda *a, **k: None))
+            list(compare_prompt(SERVER, prompt, "offline", policy, mnt, progress=lambda *a, **k: None))
         except gr.Error as e:
             assert _named(str(e.message)) and not ran, e.message
             return
         except Ran:
             pass
-    ((bundle, text, methods, n, *_), _), = ran
+    ((_, bundle, text, methods, n, *_), _), = ran
     assert text.strip() and 1 <= n <= COMPARE_MAX_NEW_TOKENS and policy in methods
 
 
@@ -187,7 +188,7 @@ def test_playground_handler_bounds_the_simulation(page_offline, rows, policies, 
     calls: list = []
     with mock.patch.object(ui_playground, "compare", recorder(calls)):
         try:
-            run_playground(pd.DataFrame(rows, columns=["drafter", "acceptance", "cost"]), policies, gamma, rounds,
+            run_playground(SERVER, pd.DataFrame(rows, columns=["drafter", "acceptance", "cost"]), policies, gamma, rounds,
                            reward, False, spread, seed)
         except gr.Error as e:
             assert "Playground settings" in e.message and not calls, e.message
@@ -211,14 +212,14 @@ def test_uploaded_prompt_sets_are_checked(page_offline, tmp_path_factory, lines,
     ran: list = []
     with mock.patch.object(ui_compare, "_method_runs", recorder(ran)):
         try:
-            list(compare_set("upload", str(path), 10, "offline", "metasd-ucb", 8, progress=lambda *a, **k: None))
+            list(compare_set(SERVER, "upload", str(path), 10, "offline", "metasd-ucb", 8, progress=lambda *a, **k: None))
         except gr.Error as e:
             msg = str(e.message)
             assert "prompt file" in msg and "Traceback" not in msg, msg
             return
         except Ran:
             pass
-    ((_, prompt, *_), _), = ran
+    ((_, _, prompt, *_), _), = ran
     assert prompt.strip() and all(ch in "\n\t" or unicodedata.category(ch)[0] != "C" for ch in prompt)
 
 
@@ -241,24 +242,24 @@ def test_oversized_upload_is_refused_before_reading(page_offline, tmp_path):
     path = tmp_path / "big.jsonl"
     path.write_bytes(b"x" * (PROMPT_SET_MAX_BYTES + 1))
     with pytest.raises(gr.Error, match="limit is 1,000,000"):
-        list(compare_set("upload", str(path), 1, "offline", "metasd-ucb", 8, progress=lambda *a, **k: None))
+        list(compare_set(SERVER, "upload", str(path), 1, "offline", "metasd-ucb", 8, progress=lambda *a, **k: None))
     with pytest.raises(gr.Error, match="Upload a JSONL"):
-        list(compare_set("upload", None, 1, "offline", "metasd-ucb", 8, progress=lambda *a, **k: None))
+        list(compare_set(SERVER, "upload", None, 1, "offline", "metasd-ucb", 8, progress=lambda *a, **k: None))
     with pytest.raises(gr.Error, match="unknown prompt source"):
-        list(compare_set("/etc/passwd", None, 1, "offline", "metasd-ucb", 8, progress=lambda *a, **k: None))
+        list(compare_set(SERVER, "/etc/passwd", None, 1, "offline", "metasd-ucb", 8, progress=lambda *a, **k: None))
 
 
 def test_prompt_longer_than_the_context_is_refused_with_the_limit(page_offline):
     with pytest.raises(gr.Error, match=r"the model's context is 8,192"):
-        consume(generate_view("🧪\u20e0" * 9000, "offline", max_new_tokens=16))
-    assert not STOPS.runs
+        consume(generate_view(SERVER, "🧪\u20e0" * 9000, "offline", max_new_tokens=16))
+    assert not SERVER.stops.runs
 
 
 def test_library_limits_match_the_page(page_offline):
     # The app never asks the engine for more than its own cap, whatever the library allows.
     validate_settings(["a"], max_new_tokens=4096)
     with pytest.raises(gr.Error, match=f"max_new_tokens must be between 1 and {MAX_NEW_TOKENS}, got"):
-        consume(generate_view(PROMPT, "offline", max_new_tokens=MAX_NEW_TOKENS + 1))
+        consume(generate_view(SERVER, PROMPT, "offline", max_new_tokens=MAX_NEW_TOKENS + 1))
 
 
 # ----------------------------------------------------------------------------------------------
@@ -273,7 +274,7 @@ def test_stop_ends_the_worker_within_a_round_and_frees_its_caches(page_offline):
 
     def worker():
         try:
-            for _ in generate_view(PROMPT, "offline", max_new_tokens=400, request=request("stop-me")):
+            for _ in generate_view(SERVER, PROMPT, "offline", max_new_tokens=400, request=request("stop-me")):
                 ticks.append(time.perf_counter())
         finally:
             ended.append(time.perf_counter())
@@ -286,11 +287,11 @@ def test_stop_ends_the_worker_within_a_round_and_frees_its_caches(page_offline):
         time.sleep(0.01)
     assert len(ticks) >= 3, "the generation did not start"
     t_stop = time.perf_counter()
-    stop_generation(request("someone-else"))  # another session's Stop touches nothing
+    stop_generation(SERVER, request("someone-else"))  # another session's Stop touches nothing
     time.sleep(0.3)
     assert not done.is_set()
     t_stop = time.perf_counter()
-    stop_generation(request("stop-me"))
+    stop_generation(SERVER, request("stop-me"))
     assert done.wait(10), "the worker kept running after Stop"
     th.join(5)
     elapsed = ended[0] - t_stop
@@ -298,22 +299,22 @@ def test_stop_ends_the_worker_within_a_round_and_frees_its_caches(page_offline):
     print(f"\n[stop] Stop -> worker ended: {elapsed * 1000:.0f} ms (one round took {1000 * max(rounds):.0f} ms at most, "
           f"{len(ticks)} updates before the end)")
     assert elapsed < 2.0
-    assert not STOPS.runs and live_caches() == 0
+    assert not SERVER.stops.runs and live_caches() == 0
 
 
 def test_closed_tab_unload_stops_the_sessions_runs(page_offline):
     """demo.unload calls stop_generation with the closed session: every run of that session ends."""
-    gens = [generate_view(PROMPT, "offline", max_new_tokens=400, request=request("tab")) for _ in range(2)]
+    gens = [generate_view(SERVER, PROMPT, "offline", max_new_tokens=400, request=request("tab")) for _ in range(2)]
     for g in gens:
         next(g)
-    assert len(STOPS.runs["tab"]) == 2
+    assert len(SERVER.stops.runs["tab"]) == 2
     t0 = time.perf_counter()
-    stop_generation(request("tab"))
+    stop_generation(SERVER, request("tab"))
     for g in gens:
         rest = consume(g)
         assert len(rest) <= 2  # at most the round in flight, then the summary
     print(f"\n[unload] both runs of the closed session ended {1000 * (time.perf_counter() - t0):.0f} ms after unload")
-    assert not STOPS.runs and live_caches() == 0
+    assert not SERVER.stops.runs and live_caches() == 0
 
 
 @contextmanager
@@ -322,13 +323,13 @@ def still_loading(name: str, step: str):
     load ends as a successful one does (the models themselves stay the ones loaded for the module)."""
     load = ui_bundles.PresetLoad()
     load.step = step
-    with ui_bundles._bundle_lock:
-        ui_bundles._loading[name] = load
+    with SERVER.presets.lock:
+        SERVER.presets.loads[name] = load
     try:
         yield load
     finally:
-        with ui_bundles._bundle_lock:
-            ui_bundles._loading.pop(name, None)
+        with SERVER.presets.lock:
+            SERVER.presets.loads.pop(name, None)
         load.set()
 
 
@@ -346,7 +347,7 @@ def test_a_run_pressed_while_the_models_load_is_told_so_then_runs(page_offline):
     frames: list = []
     done = threading.Event()
     with still_loading("offline", "loading target SmolLM2"):
-        th = threading.Thread(target=lambda: (frames.extend(generate_view(PROMPT, "offline", max_new_tokens=8,
+        th = threading.Thread(target=lambda: (frames.extend(generate_view(SERVER, PROMPT, "offline", max_new_tokens=8,
                                                                            request=request("early"))), done.set()),
                               daemon=True)
         th.start()
@@ -355,18 +356,18 @@ def test_a_run_pressed_while_the_models_load_is_told_so_then_runs(page_offline):
             time.sleep(0.05)
         assert len(frames) >= 2 and not done.is_set()
         assert "waiting for the model to load" in _status(frames[0]) and "loading target SmolLM2" in str(frames[0].stats)
-        assert "early" in STOPS.runs  # Stop can reach it while it waits
+        assert "early" in SERVER.stops.runs  # Stop can reach it while it waits
     assert done.wait(60), "the run did not start once the models were loaded"
     assert frames[-1].record is not None and frames[-1].record.summary.new_tokens > 0
-    assert not STOPS.runs
+    assert not SERVER.stops.runs
 
     with still_loading("offline", "converting"):
-        gen = generate_view(PROMPT, "offline", max_new_tokens=8, request=request("early-stop"))
+        gen = generate_view(SERVER, PROMPT, "offline", max_new_tokens=8, request=request("early-stop"))
         assert "waiting for the model to load" in _status(next(gen))
-        stop_generation(request("early-stop"))
+        stop_generation(SERVER, request("early-stop"))
         rest = consume(gen)
     assert rest and "stopped while the model was loading" in _status(rest[-1])
-    assert not STOPS.runs and live_caches() == 0
+    assert not SERVER.stops.runs and live_caches() == 0
 
 
 @waits_for_loads
@@ -374,7 +375,7 @@ def test_compare_pressed_while_the_models_load_shows_the_wait_in_its_progress(pa
     said: list[str] = []
     result: list = []
     with still_loading("offline", "loading target SmolLM2"):
-        th = threading.Thread(target=lambda: result.append(list(compare_prompt(  # its frames; the last holds all
+        th = threading.Thread(target=lambda: result.append(list(compare_prompt(SERVER,   # its frames; the last holds all
             PROMPT, "offline", "metasd-ucb", 4, progress=lambda *a, desc="", **k: said.append(desc)))[-1]), daemon=True)
         th.start()
         time.sleep(1.5)
@@ -397,13 +398,13 @@ def test_a_load_that_fails_is_told_to_every_run_that_waited_and_starts_no_other(
         release.wait(20)
         raise OSError("disk full")
 
-    saved = ui_bundles._bundles.pop("offline")
+    saved = SERVER.presets.loaded.pop("offline")
     outcomes: dict[str, object] = {}
     firsts: dict[str, str] = {}
 
     def page_run(who: str) -> None:
         try:
-            for out in generate_view(PROMPT, "offline", max_new_tokens=8, request=request(who)):
+            for out in generate_view(SERVER, PROMPT, "offline", max_new_tokens=8, request=request(who)):
                 firsts.setdefault(who, _status(out) + str(out.stats))
             outcomes[who] = "ran"
         except gr.Error as e:
@@ -411,14 +412,14 @@ def test_a_load_that_fails_is_told_to_every_run_that_waited_and_starts_no_other(
 
     def compare_run() -> None:
         try:
-            list(compare_prompt(PROMPT, "offline", "metasd-ucb", 4, progress=lambda *a, **k: None))
+            list(compare_prompt(SERVER, PROMPT, "offline", "metasd-ucb", 4, progress=lambda *a, **k: None))
             outcomes["compare"] = "ran"
         except gr.Error as e:
             outcomes["compare"] = str(e)
 
     try:
         with mock.patch.object(ui_bundles, "load_bundle", failing_load):
-            ui_bundles.start_loading("offline")
+            SERVER.presets.start_loading("offline")
             assert stepped.wait(10)  # the runs come once the load has said what it does
             threads = [threading.Thread(target=page_run, args=(w,), daemon=True) for w in ("a", "b")]
             threads.append(threading.Thread(target=compare_run, daemon=True))
@@ -434,11 +435,11 @@ def test_a_load_that_fails_is_told_to_every_run_that_waited_and_starts_no_other(
         assert calls == ["offline"]  # one load, however many waited
         assert set(outcomes) == {"a", "b", "compare"}
         assert all("loading preset offline failed (OSError: disk full)" in str(v) for v in outcomes.values()), outcomes
-        assert not STOPS.runs
+        assert not SERVER.stops.runs
     finally:
-        with ui_bundles._bundle_lock:
-            ui_bundles._load_errors.pop("offline", None)
-            ui_bundles._bundles["offline"] = saved
+        with SERVER.presets.lock:
+            SERVER.presets.errors.pop("offline", None)
+            SERVER.presets.loaded["offline"] = saved
 
 
 # ----------------------------------------------------------------------------------------------
@@ -452,7 +453,7 @@ def _final_text(outputs) -> str:
 @pytest.mark.parametrize("fault", [torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 20.00 GiB"),
                                    RuntimeError("device-side assert triggered")])
 def test_a_fault_mid_generation_is_reported_and_the_next_request_is_clean(page_offline, fault):
-    reference = _final_text(consume(generate_view(PROMPT, "offline", max_new_tokens=12)))
+    reference = _final_text(consume(generate_view(SERVER, PROMPT, "offline", max_new_tokens=12)))
     real_verify = engine.verify
     calls = {"n": 0}
 
@@ -464,7 +465,7 @@ def test_a_fault_mid_generation_is_reported_and_the_next_request_is_clean(page_o
 
     seen = []
     with mock.patch.object(engine, "verify", failing), pytest.raises(gr.Error) as err:
-        for out in generate_view(PROMPT, "offline", max_new_tokens=12, request=request("faulty")):
+        for out in generate_view(SERVER, PROMPT, "offline", max_new_tokens=12, request=request("faulty")):
             seen.append(out)
     # the user saw the rounds before the fault (frames may batch rounds: the last one holds both)
     assert len(seen) >= 2 and "round 2," in seen[-1].tokens and "round 3," not in seen[-1].tokens
@@ -474,21 +475,21 @@ def test_a_fault_mid_generation_is_reported_and_the_next_request_is_clean(page_o
     else:
         assert "Generation failed (RuntimeError)" in msg
     assert "Traceback" not in msg and "20.00 GiB" not in msg and "device-side" not in msg
-    assert not STOPS.runs and live_caches() == 0
+    assert not SERVER.stops.runs and live_caches() == 0
     # The shared model is untouched: the next request gives the same output as before the fault.
-    assert _final_text(consume(generate_view(PROMPT, "offline", max_new_tokens=12))) == reference
+    assert _final_text(consume(generate_view(SERVER, PROMPT, "offline", max_new_tokens=12))) == reference
 
 
 def test_a_fault_in_the_baseline_measurement_is_a_message(page_offline):
-    outs = consume(generate_view(PROMPT, "offline", max_new_tokens=4))
+    outs = consume(generate_view(SERVER, PROMPT, "offline", max_new_tokens=4))
     record = outs[-1].record
 
     def boom(*a, **k):
         raise torch.OutOfMemoryError("CUDA out of memory")
 
     with mock.patch.object(ui_bundles, "target_greedy", boom), pytest.raises(gr.Error, match="Out of memory"):
-        measure_baseline(record, {}, True, True)
-    stats, baselines = measure_baseline(record, {}, True, True)
+        measure_baseline(SERVER, record, {}, True, True)
+    stats, baselines = measure_baseline(SERVER, record, {}, True, True)
     assert len(baselines) == 1 and "identical" in next(iter(baselines.values()))["note"]
 
 
@@ -502,9 +503,9 @@ def test_memory_is_bounded_over_many_runs(page_offline):
     prompts = [f"Say hello to student number {i} in one short sentence." for i in range(7)]
 
     def one(i: int) -> None:
-        outs = consume(generate_view(prompts[i % len(prompts)], "offline", max_new_tokens=4,
+        outs = consume(generate_view(SERVER, prompts[i % len(prompts)], "offline", max_new_tokens=4,
                                      request=request(f"mem-{i % 5}")))
-        write_logs(outs[-1].record)  # the download files too: the temp dir must stay bounded
+        write_logs(SERVER.files, outs[-1].record)  # the download files too: the temp dir must stay bounded
 
     t0 = time.perf_counter()
     for i in range(n_warm):
@@ -515,11 +516,11 @@ def test_memory_is_bounded_over_many_runs(page_offline):
             one(i)
     after = settle()
     secs = time.perf_counter() - t0
-    files = len(list(TMP.iterdir()))
+    files = len(list(SERVER.files.root.iterdir()))
     print(f"\n[memory] RSS after {n_warm} runs: {before:.1f} MB; after {n_total} runs: {after:.1f} MB "
           f"(+{after - before:.1f} MB); {files} temp files; {secs:.0f} s")
     assert after - before < 40, "memory grows with the number of requests"
-    assert live_caches() == 0 and not STOPS.runs
+    assert live_caches() == 0 and not SERVER.stops.runs
     assert files <= 42
 
 
@@ -528,9 +529,9 @@ def test_the_target_alone_is_timed_while_the_page_draws_its_progress(page_offlin
     during the run), then the result; the timing itself is the one measure_target returns."""
     from metasd.ui.generate import measure_baseline_stream
 
-    outs = consume(generate_view(PROMPT, "offline", max_new_tokens=48))
+    outs = consume(generate_view(SERVER, PROMPT, "offline", max_new_tokens=48))
     record = outs[-1].record
-    frames = list(measure_baseline_stream(record, {}, True, True))
+    frames = list(measure_baseline_stream(SERVER, record, {}, True, True))
     progress = [s for s, b in frames[:-1]]
     assert progress and all("Timing the target alone on this prompt" in s for s in progress)
     n = record.rounds[-1].new_tokens

@@ -16,7 +16,10 @@ from metasd.core.runfile import FORMAT, MAX_BYTES, parse_run, run_document
 from metasd.core.validation import InvalidInput
 from metasd.decoding.engine import run
 from metasd.ui import viz
+from tests.app_server import page_server
 from tests.tiny import tiny_bundle
+
+SERVER = page_server()  # this test process's server, shared with the app served in-process
 
 ROOT = Path(__file__).resolve().parent.parent
 PROMPT_IDS = [3, 7, 1, 4, 9, 3, 7, 1, 4, 9, 3, 7, 2, 5]
@@ -104,31 +107,30 @@ def test_every_example_has_a_recorded_run_in_the_gallery():
 def test_replay_ends_on_exactly_the_live_token_view(tmp_path):
     import gradio as gr
 
-    from metasd.ui.bundles import get_bundle
     from metasd.ui.config import EXAMPLES, PAGE_POLICY
     from metasd.ui.files import write_logs
     from metasd.ui.generate import generate_view
     from metasd.ui.replay import gallery, replay_at, replay_view
 
-    get_bundle("offline")
+    SERVER.presets.get("offline")
     prompt = EXAMPLES[8]["turns"][0]
-    live = list(generate_view(prompt, "offline", None, PAGE_POLICY, max_new_tokens=48))
+    live = list(generate_view(SERVER, prompt, "offline", None, PAGE_POLICY, max_new_tokens=48))
     record = live[-1].record
-    _, js = write_logs(record)
-    replayed = list(replay_view(js["value"], "", 64.0))
+    _, js = write_logs(SERVER.files, record)
+    replayed = list(replay_view(SERVER, js["value"], "", 64.0))
     assert replayed[-1].tokens == live[-1].tokens, "the replay's final token view differs from the live one"
     assert replayed[-1].text == live[-1].text  # the plain-text answer too
     # the round slider: every round's state, and the last one is the end state
     n = len(record.rounds)
-    assert replay_at(js["value"], "", n).tokens == live[-1].tokens
-    middle = replay_at(js["value"], "", n // 2).tokens
+    assert replay_at(SERVER, js["value"], "", n).tokens == live[-1].tokens
+    middle = replay_at(SERVER, js["value"], "", n // 2).tokens
     assert middle.count('class="tok ') < live[-1].tokens.count('class="tok ')
     with pytest.raises(gr.Error, match="round"):
-        replay_at(js["value"], "", n + 1)
+        replay_at(SERVER, js["value"], "", n + 1)
     # a gallery run by name; an unknown name is refused
-    assert "done:" in list(replay_view(None, gallery()[0][1], 64.0))[-1].tokens
+    assert "done:" in list(replay_view(SERVER, None, gallery()[0][1], 64.0))[-1].tokens
     with pytest.raises(gr.Error, match="no recorded run"):
-        list(replay_view(None, "../app.py", 2.0))
+        list(replay_view(SERVER, None, "../app.py", 2.0))
 
 
 @pytest.mark.offline_model

@@ -14,7 +14,12 @@ from urllib.parse import quote
 import httpx
 import pytest
 
-from tests.app_server import app_url  # noqa: F401  (fixture)
+from tests.app_server import (
+    app_url,  # noqa: F401  (fixture)
+    page_server,
+)
+
+SERVER = page_server()  # this test process's server, shared with the app served in-process
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -27,15 +32,14 @@ def get_file(base: str, path: str) -> httpx.Response:
 @pytest.mark.timeout(180)
 def test_files_are_served_only_from_the_apps_temp_dir(app_url):  # noqa: F811
     from metasd.decoding.loading import offline_target_dir
-    from metasd.ui.files import TMP
 
-    own = TMP / "metasd-run-0123456789abcdef0123456789abcdef.csv"
+    own = SERVER.files.root / "metasd-run-0123456789abcdef0123456789abcdef.csv"
     own.write_text("round,drafter\n1,prompt-lookup\n")
     assert get_file(app_url, str(own)).status_code == 200, "the app's own run logs are downloadable"
 
     model_file = offline_target_dir(progress=lambda m: None) / "model.safetensors"
     refused = ["/etc/passwd", "/etc/shadow", "/proc/self/environ", str(ROOT / "app.py"), str(ROOT / "metasd" / "models.py"),
-               str(model_file), f"{TMP}/../../etc/passwd", f"{TMP}/%2e%2e/%2e%2e/etc/passwd",
+               str(model_file), f"{SERVER.files.root}/../../etc/passwd", f"{SERVER.files.root}/%2e%2e/%2e%2e/etc/passwd",
                quote("/etc/passwd", safe=""), "../../../../etc/passwd", "app.py", "~/.bashrc", "file:///etc/passwd",
                "http://127.0.0.1:1/secret", "http://169.254.169.254/latest/meta-data/"]
     for path in refused:
@@ -129,16 +133,15 @@ def test_launch_binds_locally_without_a_share_link_and_bounds_the_queue(monkeypa
     import app
     from metasd.core.validation import PROMPT_SET_MAX_BYTES, RUN_MAX_BYTES, UPLOAD_MAX_BYTES
     from metasd.ui.config import QUEUE_SIZE
-    from metasd.ui.files import TMP
 
     for var in ("GRADIO_SERVER_NAME", "GRADIO_SERVER_PORT", "PORT", "SPACE_ID"):
         monkeypatch.delenv(var, raising=False)
     demo = gr.Blocks()
     with mock.patch.object(gr.Blocks, "launch") as launch:
-        app.launch(demo)
+        app.launch(SERVER, demo)
     kw = launch.call_args.kwargs
     assert kw["server_name"] == "127.0.0.1" and kw["share"] is False
-    assert kw["allowed_paths"] == [str(TMP)]
+    assert kw["allowed_paths"] == [str(SERVER.files.root)]
     assert str(ROOT) in kw["blocked_paths"]
     # gradio's upload cap is the run-file cap (the largest upload any tab takes), never below it
     assert kw["max_file_size"] == UPLOAD_MAX_BYTES == max(RUN_MAX_BYTES, PROMPT_SET_MAX_BYTES)
@@ -147,15 +150,15 @@ def test_launch_binds_locally_without_a_share_link_and_bounds_the_queue(monkeypa
     from metasd.ui.session import QUEUE_POLL_S
     assert demo._queue.sleep_when_free == QUEUE_POLL_S >= 0.01
     with mock.patch.object(gr.Blocks, "launch") as launch:
-        app.launch(demo, share=True)  # only when asked
+        app.launch(SERVER, demo, share=True)  # only when asked
     assert launch.call_args.kwargs["share"] is True
 
 
 def test_temp_files_are_private_and_unguessable():
-    from metasd.ui.files import TMP, write_logs
+    from metasd.ui.files import write_logs
     from metasd.ui.session import RunRecord
 
-    assert stat.S_IMODE(os.stat(TMP).st_mode) == 0o700
+    assert stat.S_IMODE(os.stat(SERVER.files.root).st_mode) == 0o700
     from metasd.core.events import RoundEvent
 
     ev = RoundEvent(round=1, drafter="prompt-lookup", draft=(1,), accepted=1, emitted=(1, 2), target_token=2, bonus=True,
@@ -164,12 +167,12 @@ def test_temp_files_are_private_and_unguessable():
                     overhead_ms=0.1, new_tokens=2, emitted_text=("a", "b"), draft_text=("a",))
     record = RunRecord(prompt="my private prompt", rounds=[ev], summary=None, preset="offline",
                        settings={"policy": "single:../../etc"})
-    csv, js = write_logs(record)
+    csv, js = write_logs(SERVER.files, record)
     folders = set()
     for upd in (csv, js):
         path = Path(upd["value"])
         # named by content (preset, policy, time), inside a private folder whose name nobody can guess
-        assert path.parent.parent == TMP and re.fullmatch(r"[0-9a-f]{32}", path.parent.name)
+        assert path.parent.parent == SERVER.files.root and re.fullmatch(r"[0-9a-f]{32}", path.parent.name)
         assert stat.S_IMODE(os.stat(path.parent).st_mode) == 0o700
         assert re.fullmatch(r"metasd-offline-single-etc-\d{8}-\d{6}\.(csv|json)", path.name), path.name
         folders.add(path.parent)
@@ -213,24 +216,24 @@ def test_presets_load_in_the_background_and_loaded_ones_are_bounded(monkeypatch)
     monkeypatch.setattr(bundles, "_warm_up", lambda b: None)
     monkeypatch.setattr(bundles, "MAX_BUNDLES", 2)
     monkeypatch.setattr(bundles, "WAIT_IN_REQUESTS", False)  # as on a GPU host
-    monkeypatch.setattr(bundles, "_bundles", bundles.OrderedDict())
+    presets = bundles.Presets()
     gate.set()
-    assert bundles.get_bundle("hub-a").name == "hub-a"  # start-up: waits for its load
+    assert presets.get("hub-a").name == "hub-a"  # start-up: waits for its load
     gate.clear()
     t = time.perf_counter()
     with pytest.raises(bundles.Loading, match="loading in the background"):
-        bundles.get_bundle("hub-b", wait=False)
-    assert bundles.get_bundle("hub-a", wait=False).name == "hub-a"  # served while hub-b loads
+        presets.get("hub-b", wait=False)
+    assert presets.get("hub-a", wait=False).name == "hub-a"  # served while hub-b loads
     assert time.perf_counter() - t < 1.0
     import gradio as gr
 
     with pytest.raises(gr.Error, match="loading in the background"):
-        bundles.bundle_for("hub-b")  # the page's message, not a wait
+        presets.bundle_for("hub-b")  # the page's message, not a wait
     gate.set()
-    assert bundles.get_bundle("hub-b").name == "hub-b"
-    bundles.get_bundle("hub-a")  # hub-a most recently used: hub-b is the one to go
-    assert bundles.get_bundle("hub-c").name == "hub-c"
-    assert list(bundles._bundles) == ["hub-a", "hub-c"]
+    assert presets.get("hub-b").name == "hub-b"
+    presets.get("hub-a")  # hub-a most recently used: hub-b is the one to go
+    assert presets.get("hub-c").name == "hub-c"
+    assert list(presets.loaded) == ["hub-a", "hub-c"]
 
 
 def test_a_wait_for_a_load_ends_with_the_load_a_stop_or_its_time_limit(monkeypatch):

@@ -23,12 +23,13 @@ from metasd.serving.streaming import FairSlots
 from metasd.ui import generate as ui_generate
 from metasd.ui import playground as ui_playground
 from metasd.ui import session as ui_session
-from metasd.ui.bundles import MODEL, get_bundle
 from metasd.ui.config import EXAMPLES, PAGE_POLICY
 from metasd.ui.frames import final_status
 from metasd.ui.generate import generate_view, measure_baseline, stop_generation
-from metasd.ui.session import STOPS
+from tests.app_server import page_server
 from tests.tiny import tiny_bundle
+
+SERVER = page_server()  # this test process's server, shared with the app served in-process
 
 PROMPT = "Say hello to the class in one short sentence."
 
@@ -95,8 +96,8 @@ def test_a_reader_that_is_gone_loses_its_place():
 
 def test_session_reader_gives_up_after_unread_messages():
     unread = {"s": 0}
-    with mock.patch.object(ui_session.STREAMS, "unread", lambda key: unread.get(key)):
-        r = ui_session.SessionReader("s", patience_s=0.2)
+    with mock.patch.object(SERVER.streams, "unread", lambda key: unread.get(key)):
+        r = ui_session.SessionReader("s", SERVER.streams, patience_s=0.2)
         assert r()
         unread["s"] = 3  # messages pile up unread
         assert r()  # not yet: a reader may be a moment behind
@@ -104,15 +105,15 @@ def test_session_reader_gives_up_after_unread_messages():
         assert not r()
         unread["s"] = 0
         assert r()  # it read them after all
-        assert ui_session.SessionReader("nobody", patience_s=1.0)()  # nobody can tell: reading
+        assert ui_session.SessionReader("nobody", SERVER.streams, patience_s=1.0)()  # nobody can tell: reading
 
 
 def test_session_reader_keeps_a_reader_that_lags_behind_a_busy_server():
     """A loaded server sends a stream's messages late: a reader one message behind, or whose backlog goes up
     and down, still reads; only a backlog that never shrinks is a reader gone."""
     unread = {"s": 1}
-    with mock.patch.object(ui_session.STREAMS, "unread", lambda key: unread.get(key)):
-        r = ui_session.SessionReader("s", patience_s=0.2)
+    with mock.patch.object(SERVER.streams, "unread", lambda key: unread.get(key)):
+        r = ui_session.SessionReader("s", SERVER.streams, patience_s=0.2)
         for n in (1, 1, 2, 1, 3, 2, 1, 1):  # one behind, or catching up: over four times the patience
             unread["s"] = n
             assert r()
@@ -131,7 +132,7 @@ def test_session_reader_keeps_a_reader_that_lags_behind_a_busy_server():
 @pytest.fixture(scope="module")
 def page_offline():
     """The page's offline preset, loaded once for the module (as the server loads it at start-up)."""
-    return get_bundle("offline")
+    return SERVER.presets.get("offline")
 
 
 def req(session: str) -> SimpleNamespace:
@@ -145,58 +146,58 @@ def status_of(frame: tuple) -> str:
 @pytest.fixture
 def model_busy(page_offline):
     """The model held by someone else for the test's length: Generate runs wait in line."""
-    MODEL.acquire()
+    SERVER.model.acquire()
     try:
-        yield MODEL
+        yield SERVER.model
     finally:
-        MODEL.release()
+        SERVER.model.release()
 
 
 def test_waiting_run_sees_its_place_and_stop_takes_it_out(page_offline, model_busy):
-    g = generate_view(PROMPT, "offline", max_new_tokens=8, request=req("queued"))
+    g = generate_view(SERVER, PROMPT, "offline", max_new_tokens=8, request=req("queued"))
     t0 = time.perf_counter()
     first = next(g)
     assert time.perf_counter() - t0 < 2.0
     assert "1st in line, about" in status_of(first) and first.record is None
     assert model_busy.waiting == 1
-    stop_generation(req("queued"))
+    stop_generation(SERVER, req("queued"))
     t0 = time.perf_counter()
     rest = list(g)
     assert time.perf_counter() - t0 < 1.0, "Stop while waiting must end the run at once"
     assert "left the line before starting: you pressed Stop" in status_of(rest[-1])
-    assert model_busy.waiting == 0 and not STOPS.runs
+    assert model_busy.waiting == 0 and not SERVER.stops.runs
 
 
 def test_full_class_is_told_when_to_come_back(page_offline, model_busy):
-    waiting = generate_view(PROMPT, "offline", max_new_tokens=8, request=req("w1"))
+    waiting = generate_view(SERVER, PROMPT, "offline", max_new_tokens=8, request=req("w1"))
     next(waiting)
     with mock.patch.object(model_busy, "max_waiting", 1):
-        frames = list(generate_view(PROMPT, "offline", max_new_tokens=8, request=req("w2")))
+        frames = list(generate_view(SERVER, PROMPT, "offline", max_new_tokens=8, request=req("w2")))
     assert len(frames) == 1
     text = status_of(frames[0])
     assert "the class is full" in text and "Please press Run again in about" in text
     assert "Queue is full" not in text
     waiting.close()  # the page went away: the ticket leaves the line
-    assert model_busy.waiting == 0 and not STOPS.runs
+    assert model_busy.waiting == 0 and not SERVER.stops.runs
 
 
 def test_a_new_run_replaces_the_sessions_previous_one(page_offline, model_busy):
-    old = generate_view(PROMPT, "offline", max_new_tokens=8, request=req("same"))
+    old = generate_view(SERVER, PROMPT, "offline", max_new_tokens=8, request=req("same"))
     next(old)
-    new = generate_view(PROMPT, "offline", max_new_tokens=8, request=req("same"))
+    new = generate_view(SERVER, PROMPT, "offline", max_new_tokens=8, request=req("same"))
     assert "in line" in status_of(next(new))
     rest = list(old)  # the old run was stopped by the new Run
     assert "you pressed Stop" in status_of(rest[-1])
     assert model_busy.waiting == 1
     new.close()
-    assert model_busy.waiting == 0 and not STOPS.runs
+    assert model_busy.waiting == 0 and not SERVER.stops.runs
 
 
 def test_an_unread_stream_loses_its_place(page_offline, model_busy, caplog):
-    with mock.patch.object(ui_session.STREAMS, "unread", lambda key: 5 if key == "gone" else None), \
+    with mock.patch.object(SERVER.streams, "unread", lambda key: 5 if key == "gone" else None), \
             mock.patch.object(ui_session, "READ_PATIENCE_S", 0.5), caplog.at_level(logging.WARNING, ui_generate.log.name):
         t0 = time.perf_counter()
-        frames = list(generate_view(PROMPT, "offline", max_new_tokens=8, request=req("gone")))
+        frames = list(generate_view(SERVER, PROMPT, "offline", max_new_tokens=8, request=req("gone")))
     assert time.perf_counter() - t0 < 3.0
     assert "its stream was not read" in status_of(frames[-1]) and model_busy.waiting == 0
     assert "a waiting run left the line: its stream was not read" in caplog.text  # the operator sees it too
@@ -209,10 +210,10 @@ def test_a_running_stream_nobody_reads_is_stopped_and_told_why(page_offline, cap
     """A run whose unread backlog only grows stops within the patience, says why (not "you pressed Stop"),
     and the server's log says so."""
     backlog = iter(range(2, 10**6))
-    with mock.patch.object(ui_session.STREAMS, "unread", lambda key: next(backlog) if key == "slow" else None), \
+    with mock.patch.object(SERVER.streams, "unread", lambda key: next(backlog) if key == "slow" else None), \
             mock.patch.object(ui_session, "READ_PATIENCE_S", 0.3), caplog.at_level(logging.WARNING, ui_generate.log.name):
         # An answer far longer than the patience (a short one could end, by eos, before two frames had gone out).
-        frames = list(generate_view(LONG_PROMPT, "offline", max_new_tokens=512, request=req("slow")))
+        frames = list(generate_view(SERVER, LONG_PROMPT, "offline", max_new_tokens=512, request=req("slow")))
     last = status_of(frames[-1])
     assert "this page stopped reading its stream" in last and "you pressed Stop" not in last, last
     assert "done:" not in last and "a run was stopped after" in caplog.text
@@ -225,7 +226,7 @@ def test_runs_are_served_in_order_once_the_model_is_free(page_offline):
     outs: dict[str, list] = {}
 
     def run(name: str) -> None:
-        outs[name] = list(generate_view(PROMPT, "offline", max_new_tokens=6, request=req(name)))
+        outs[name] = list(generate_view(SERVER, PROMPT, "offline", max_new_tokens=6, request=req(name)))
 
     a = threading.Thread(target=run, args=("first",))
     a.start()
@@ -234,18 +235,18 @@ def test_runs_are_served_in_order_once_the_model_is_free(page_offline):
     a.join(60)
     for name in ("first", "second"):
         assert outs[name][-1].record is not None and outs[name][-1].record.summary is not None
-    assert MODEL.waiting == 0 and MODEL.running == 0
+    assert SERVER.model.waiting == 0 and SERVER.model.running == 0
 
 
 def test_baseline_waits_for_nobody_while_others_are_in_line(page_offline, model_busy):
-    g = generate_view(PROMPT, "offline", max_new_tokens=8, request=req("someone"))
+    g = generate_view(SERVER, PROMPT, "offline", max_new_tokens=8, request=req("someone"))
     next(g)
     record = ui_session.RunRecord(preset="offline", prompt="A prompt never timed.", settings={"temperature": 0.0},
                                   all_drafters=["x"], drafters=["x"])
     record.rounds = [SimpleNamespace(new_tokens=4, emitted=[1], emitted_text=["a"])]
     with mock.patch.object(ui_generate, "measure_target", side_effect=AssertionError("timed while others wait")), \
             mock.patch.object(ui_generate, "_record_view", lambda r: ui_generate.viz.LiveView({}, [])):
-        stats, baselines = measure_baseline(record, {}, True, False)
+        stats, baselines = measure_baseline(SERVER, record, {}, True, False)
     assert "not timed now" in stats and baselines == {}
     g.close()
 
@@ -257,16 +258,51 @@ def test_baseline_waits_for_nobody_while_others_are_in_line(page_offline, model_
 def test_page_load_queues_no_model_work(page_offline):
     import app
 
-    demo = app.build_demo()
+    demo = app.build_demo(SERVER)
     loads = [d for d in demo.config["dependencies"] if any(t[1] == "load" for t in d["targets"])]
     assert loads, "the page has load events"
     for d in loads:
         assert d["queue"] is False, f"a page load queues {demo.fns[d['id']].name}"
     names = {demo.fns[d["id"]].name for d in loads}
     assert "run_playground" not in names and "measure_baseline" not in names
-    with mock.patch.object(MODEL, "acquire", side_effect=AssertionError("page load took the model")):
-        first = ui_playground.playground_default()
-    assert ui_playground.playground_default() is first  # computed once per server, not once per page
+    with mock.patch.object(SERVER.model, "acquire", side_effect=AssertionError("page load took the model")):
+        first = ui_playground.playground_default(SERVER)
+    assert ui_playground.playground_default(SERVER) is first  # computed once per server, not once per page
+
+
+def test_bound_handlers_are_what_gradio_reads_and_servers_share_nothing():
+    """Server.bind gives gradio a function with the handler's name, its signature less the server and its type
+    hints (gradio injects gr.Request and gr.SelectData by them; a functools.partial hides them), a generator where
+    the handler is one; two servers' stops, slots and caches are their own."""
+    import inspect
+
+    import gradio as gr
+    from gradio import utils
+
+    from metasd.ui.replay import open_grid_run
+    from metasd.ui.server import Server
+
+    a, b = Server(), Server()
+    try:
+        h = a.bind(generate_view)
+        assert h.__name__ == "generate_view" and inspect.isgeneratorfunction(h)
+        assert list(inspect.signature(h).parameters)[:2] == ["prompt", "preset"]
+        assert utils.get_type_hints(h)["request"] is gr.Request
+        assert utils.get_type_hints(a.bind(open_grid_run))["evt"] is gr.SelectData
+        assert not inspect.isgeneratorfunction(a.bind(stop_generation))
+        mine, theirs = threading.Event(), threading.Event()
+        a.stops.start("s", mine)
+        b.stops.start("s", theirs)
+        a.bind(stop_generation)(req("s"))  # Stop pressed on a's page, in session "s"
+        assert mine.is_set() and not theirs.is_set()
+        a.model.acquire()
+        assert a.model.running == 1 and b.model.running == 0
+        a.model.release()
+        a.timings.put("k", {"tokens_per_s": 1.0, "note": "n"})
+        assert b.timings.get("k") is None and a.files.root != b.files.root
+    finally:
+        a.close()
+        b.close()
 
 
 # ----------------------------------------------------------------------------------------------
@@ -468,10 +504,10 @@ def test_a_distilled_drafters_shared_forward_is_bitwise_its_own_on_the_offline_m
     from metasd.core.passes import DraftPart, forward_alone
     from metasd.serving.batch import supports
 
-    model = get_bundle("offline").models["code-drafter"]
+    model = SERVER.presets.get("offline").models["code-drafter"]
     assert supports(model) and row_invariant(model)
     g = torch.Generator().manual_seed(1)
-    vocab = get_bundle("offline").target.config.vocab_size
+    vocab = SERVER.presets.get("offline").target.config.vocab_size
     contexts = [torch.randint(0, vocab, (n,), generator=g).tolist() for n in (12, 64, 5)]
     feeds = [torch.randint(0, vocab, (k,), generator=g).tolist() for k in (1, 9, 1)]
     offsets = (0, 300, 17)  # a windowed drafter's cache starts at its window's true position
@@ -577,7 +613,7 @@ def test_unpacked_rows_are_not_invariant_so_passes_are_not_shared():
 
 
 def test_verify_together_is_bitwise_the_solo_pass_on_the_offline_model(page_offline):
-    target = get_bundle("offline").target
+    target = SERVER.presets.get("offline").target
     assert row_invariant(target)
     g = torch.Generator().manual_seed(0)
     vocab = target.config.vocab_size
@@ -602,7 +638,7 @@ def test_verify_together_is_bitwise_the_solo_pass_on_the_offline_model(page_offl
 
 
 def test_batched_rounds_give_each_request_its_solo_output_offline(page_offline):
-    bundle = get_bundle("offline")
+    bundle = SERVER.presets.get("offline")
     prompts = [e["turns"][0] for e in EXAMPLES[:3]]
 
     def kw(i: int) -> dict:
@@ -616,25 +652,25 @@ def test_batched_rounds_give_each_request_its_solo_output_offline(page_offline):
 def test_while_others_share_the_model_a_run_skips_its_extras(page_offline):
     """Shared rounds, another run on the model: the finished run's lanes (a third of a run's work) and the
     target-alone timing wait for a quiet moment, and the page says so."""
-    slots = MODEL.slots
-    ui_generate.start_rounds(page_offline)
-    MODEL.resize(max(2, MODEL.slots))
-    MODEL.acquire()  # another student's run
+    slots = SERVER.model.slots
+    ui_generate.start_rounds(SERVER, page_offline)
+    SERVER.model.resize(max(2, SERVER.model.slots))
+    SERVER.model.acquire()  # another student's run
     try:
-        frames = list(generate_view(PROMPT, "offline", max_new_tokens=8, request=req("student-2")))
+        frames = list(generate_view(SERVER, PROMPT, "offline", max_new_tokens=8, request=req("student-2")))
         last = frames[-1]
         assert last.record.summary is not None and not last.record.lanes
         assert "No drafter lanes now: 1 other run share" in last.lanes and "Full-information" in last.lanes
         with mock.patch.object(ui_generate, "measure_target", side_effect=AssertionError("timed beside others")):
-            stats, baselines = measure_baseline(last.record, {}, True, False)
+            stats, baselines = measure_baseline(SERVER, last.record, {}, True, False)
         assert "not timed now: 1 runs share the model" in stats and baselines == {}
-        full = list(generate_view(PROMPT, "offline", max_new_tokens=8, full_info=True, request=req("student-3")))[-1]
+        full = list(generate_view(SERVER, PROMPT, "offline", max_new_tokens=8, full_info=True, request=req("student-3")))[-1]
         assert full.record.lanes and all(len(v) == 8 for v in full.record.lanes.values())  # the live cells
     finally:
-        MODEL.release()
-        ui_generate.stop_rounds()
-        MODEL.resize(slots)
-    assert MODEL.running == 0 and not STOPS.runs
+        SERVER.model.release()
+        SERVER.shared.stop()
+        SERVER.model.resize(slots)
+    assert SERVER.model.running == 0 and not SERVER.stops.runs
 
 
 def _page_runs_at_once(prompts: list[str], n: int, who: str) -> list[list[int]]:
@@ -642,7 +678,7 @@ def _page_runs_at_once(prompts: list[str], n: int, who: str) -> list[list[int]]:
     outs: dict[int, list] = {}
 
     def run(i: int) -> None:
-        outs[i] = list(generate_view(prompts[i], "offline", max_new_tokens=n, request=req(f"{who}-{i}")))
+        outs[i] = list(generate_view(SERVER, prompts[i], "offline", max_new_tokens=n, request=req(f"{who}-{i}")))
 
     threads = [threading.Thread(target=run, args=(i,)) for i in range(len(prompts))]
     for t in threads:
@@ -655,23 +691,23 @@ def _page_runs_at_once(prompts: list[str], n: int, who: str) -> list[list[int]]:
 def test_page_runs_share_rounds_and_get_their_solo_answers(page_offline):
     """The serving path with shared rounds on (one process per core): four sessions' runs at once, each its solo
     answer, and runs sharing passes in a process."""
-    bundle = get_bundle("offline")
+    bundle = SERVER.presets.get("offline")
     prompts = [e["turns"][0] for e in EXAMPLES[4:8]]
     solo = [_emitted(generate(bundle, p, max_new_tokens=12, policy=PAGE_POLICY)) for p in prompts]
-    slots = MODEL.slots
-    line = ui_generate.start_rounds(bundle)
+    slots = SERVER.model.slots
+    line = ui_generate.start_rounds(SERVER, bundle)
     try:
-        assert "shared rounds in process" in line and "up to" in line and ui_generate.SHARED.now is not None
+        assert "shared rounds in process" in line and "up to" in line and SERVER.shared.now is not None
         # The preset's drafter models were probed at start-up, so the class's first rounds never wait for it.
         assert "drafting together: layer-skip, code-drafter, math-drafter, chat-drafter" in line, line
         with mock.patch("metasd.serving.batch.row_invariant", side_effect=AssertionError("probed on a class's path")):
             assert _page_runs_at_once(prompts, 12, "class") == solo
-        if MODEL.slots >= len(prompts):
-            assert ui_generate.SHARED.now.most >= 2, "the runs never shared a pass"
+        if SERVER.model.slots >= len(prompts):
+            assert SERVER.shared.now.most >= 2, "the runs never shared a pass"
     finally:
-        ui_generate.stop_rounds()
-        MODEL.resize(slots)
-    assert MODEL.running == 0 and MODEL.waiting == 0 and not STOPS.runs
+        SERVER.shared.stop()
+        SERVER.model.resize(slots)
+    assert SERVER.model.running == 0 and SERVER.model.waiting == 0 and not SERVER.stops.runs
 
 
 def test_absent_optional_modules_are_marked_absent_once_and_present_ones_left_alone(monkeypatch):
@@ -701,22 +737,22 @@ def test_a_gpu_servers_rounds_in_its_own_process_in_blocks_give_page_runs_their_
                                                                                               monkeypatch):
     """The serving path a GPU server takes (docs/DESIGN.md §7), on this CPU: shared rounds in the server's own
     process, every pass's row-wise layers in blocks of rows; three sessions' runs at once, each its solo answer."""
-    bundle = get_bundle("offline")
+    bundle = SERVER.presets.get("offline")
     prompts = [e["turns"][0] for e in EXAMPLES[8:11]]
     solo = [_emitted(generate(bundle, p, max_new_tokens=10, policy=PAGE_POLICY)) for p in prompts]
     monkeypatch.setattr(ui_generate, "PASS_BLOCK", 16)
-    slots = MODEL.slots
-    line = ui_generate.start_rounds(bundle, process=0)
+    slots = SERVER.model.slots
+    line = ui_generate.start_rounds(SERVER, bundle, process=0)
     try:
         assert "in this process (row-wise layers in blocks of 16 rows)" in line, line
-        assert isinstance(ui_generate.SHARED.now, Rounds) and ui_generate.SHARED.now.block == 16
+        assert isinstance(SERVER.shared.now, Rounds) and SERVER.shared.now.block == 16
         assert _page_runs_at_once(prompts, 10, "gpu") == solo
-        if MODEL.slots >= len(prompts):
-            assert ui_generate.SHARED.now.most >= 2, "the runs never shared a pass"
+        if SERVER.model.slots >= len(prompts):
+            assert SERVER.shared.now.most >= 2, "the runs never shared a pass"
     finally:
-        ui_generate.stop_rounds()
-        MODEL.resize(slots)
-    assert MODEL.running == 0 and not STOPS.runs
+        SERVER.shared.stop()
+        SERVER.model.resize(slots)
+    assert SERVER.model.running == 0 and not SERVER.stops.runs
 
 
 def test_compare_runs_join_the_shared_rounds(page_offline):
@@ -724,18 +760,18 @@ def test_compare_runs_join_the_shared_rounds(page_offline):
     run, none runs the engine in the server's own process, and every output is still the target's own."""
     from metasd.ui.compare import compare_prompt
 
-    bundle = get_bundle("offline")
-    slots = MODEL.slots
-    ui_generate.start_rounds(bundle)
+    bundle = SERVER.presets.get("offline")
+    slots = SERVER.model.slots
+    ui_generate.start_rounds(SERVER, bundle)
     try:
         with mock.patch.object(ui_generate, "drive", side_effect=AssertionError("ran in the server's process")):
-            table, _, _ = list(compare_prompt(PROMPT, "offline", PAGE_POLICY, 8, progress=lambda *a, **k: None))[-1]
+            table, _, _ = list(compare_prompt(SERVER, PROMPT, "offline", PAGE_POLICY, 8, progress=lambda *a, **k: None))[-1]
         assert len(table) == len(bundle.drafter_names) + 2  # the target alone, each drafter alone, the bandit
         assert table["identical_to_target"].all() and (table["new_tokens"] == 8).all()
     finally:
-        ui_generate.stop_rounds()
-        MODEL.resize(slots)
-    assert MODEL.running == 0 and not STOPS.runs
+        SERVER.shared.stop()
+        SERVER.model.resize(slots)
+    assert SERVER.model.running == 0 and not SERVER.stops.runs
 
 
 
@@ -756,7 +792,7 @@ def test_a_page_run_cleans_and_encodes_its_prompt_once(page_offline):
     with mock.patch.object(engine, "clean_prompt", counted("clean", clean)), \
             mock.patch.object(ui_generate, "clean_prompt", counted("clean", clean), create=True), \
             mock.patch.object(engine, "encode_prompt", counted("encode", encode)):  # the page's own name, if any
-        frames = list(generate_view("  Say hello\u0007 to the class.  ", "offline", max_new_tokens=4,
+        frames = list(generate_view(SERVER, "  Say hello\u0007 to the class.  ", "offline", max_new_tokens=4,
                                     request=req("one-path")))
     assert counts == {"clean": 1, "encode": 1}, counts
     last = frames[-1].record
@@ -768,8 +804,8 @@ def test_compare_shows_the_bandit_first_then_each_drafter_as_it_finishes(page_of
     each frame adds one method (the default arms alone before the other drafters), the last all of them."""
     from metasd.ui.compare import compare_prompt
 
-    bundle = get_bundle("offline")
-    frames = list(compare_prompt(PROMPT, "offline", PAGE_POLICY, 4, progress=lambda *a, **k: None))
+    bundle = SERVER.presets.get("offline")
+    frames = list(compare_prompt(SERVER, PROMPT, "offline", PAGE_POLICY, 4, progress=lambda *a, **k: None))
     methods = list(frames[-1][0]["method"])
     assert [len(f[0]) for f in frames] == list(range(2, len(bundle.drafter_names) + 3))
     assert methods[:2] == ["target alone", PAGE_POLICY]

@@ -12,7 +12,7 @@ import pytest
 
 from metasd.core.events import RoundEvent, Summary
 from metasd.decoding.engine import generate, run
-from metasd.serving.streaming import EngineStream, FrameBudget
+from metasd.serving.streaming import EngineStream, FairSlots, FrameBudget
 from metasd.ui import viz
 from tests.tiny import tiny_bundle
 
@@ -225,8 +225,6 @@ def test_the_servers_frame_budget_is_shared_by_its_open_streams(bundle):
 
 
 def test_fair_slots_serve_first_come_first_served():
-    from metasd.serving.streaming import FairSlots
-
     slots = FairSlots(1)
     order: list[str] = []
     slots.acquire()  # a Compare run holds the model
@@ -292,7 +290,7 @@ def test_target_alone_is_timed_with_the_engine_workers_threading(bundle, monkeyp
         lambda *_: seen.append((threading.current_thread().name, torch.get_num_threads())))
     before = torch.get_num_threads()
     try:
-        out, seconds = bundles.measure_target(bundle, PROMPT, 5)
+        out, seconds = bundles.measure_target(bundle, PROMPT, 5, FairSlots(1))
     finally:
         hook.remove()
     assert torch.get_num_threads() == before  # the caller's threads are left as they were

@@ -431,7 +431,7 @@ def test_simulations_run_in_a_niced_process_of_their_own():
     at its priority: they run in one spawned process at the lowest priority, and one that dies is replaced."""
     import os
 
-    from metasd.ui.playground import Simulator
+    from metasd.ui.server import Simulator
 
     sim = Simulator()
     try:

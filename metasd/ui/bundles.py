@@ -1,5 +1,5 @@
-"""The models: only PRESETS names, each loaded (and warmed up) once and shared by every request, and
-MODEL, the fair slots through which requests take turns on them."""
+"""The models: only PRESETS names, each loaded (and warmed up) once per server (Presets) and shared by every
+request, and the target alone timed through the server's fair slots."""
 
 from __future__ import annotations
 
@@ -21,22 +21,14 @@ from metasd.decoding.engine import run as engine_run
 from metasd.decoding.loading import Bundle, default_drafters, drafter_names, load_bundle, present_specs, to_stderr
 from metasd.models.presets import DEFAULT_PRESET, PRESETS, get_preset
 from metasd.serving.streaming import FairSlots, ThreadPlan, in_fresh_thread
-from metasd.ui.config import BATCH, GEN_CONCURRENCY, HAS_CUDA, MAX_WAITING, PREFILL_THREADS, TORCH_THREADS
+from metasd.ui.config import BATCH, HAS_CUDA, PREFILL_THREADS, TORCH_THREADS
 from metasd.ui.errors import free_memory, refused
 
-# The model, shared by every request: Generate holds it for a whole answer, Compare one run at a time,
-# first come first served, so nobody waits for a whole prompt set; at most MAX_WAITING page runs in line.
-MODEL = FairSlots(GEN_CONCURRENCY, max_waiting=MAX_WAITING)
-
-# Loaded presets, least recently used first. At most MAX_BUNDLES stay loaded (the least recently used beyond
-# that is unloaded); the lock guards only these dicts, never a load, so no request waits for another's load.
 MAX_BUNDLES = settings.value("METASD_MAX_BUNDLES")
 # On a CPU the only preset is the offline one, loaded at start-up: a request that finds it still loading waits
 # for it (as handlers called before start-up did). On a GPU a hub preset loads in the background instead.
 WAIT_IN_REQUESTS = not HAS_CUDA
 LOAD_WAIT_S = 1800.0  # the longest a caller that must have the model (start-up, the CLI, tests) waits for a load
-_bundles: OrderedDict[str, Bundle] = OrderedDict()
-_bundle_lock = threading.Lock()
 log = logging.getLogger("metasd.app")
 
 
@@ -79,10 +71,6 @@ def _late(name: str) -> InvalidInput:
     return InvalidInput(f"preset {name} did not load within {LOAD_WAIT_S:.0f} s")
 
 
-_loading: dict[str, PresetLoad] = {}
-_load_errors: dict[str, str] = {}  # a failed load's reason, told to the next one who asks (who may then retry)
-
-
 def available_presets() -> list[str]:
     """Hub presets need a CUDA GPU; on a CPU only the offline preset is offered. A GPU server sharing its passes
     between runs (BATCH) offers its one preset: the shared rounds hold that preset's target, and its admission
@@ -101,59 +89,114 @@ def _preferred(offered: list[str]) -> str:
     return want if want in offered else DEFAULT_PRESET
 
 
-def _load(name: str, done: PresetLoad) -> None:
-    """Load and warm up one preset (in a thread of its own), then keep at most MAX_BUNDLES loaded."""
-    def progress(line: str) -> None:  # the log's line, and the latest one kept for a page waiting on the load
-        to_stderr(line)
-        done.step = line.removeprefix("[metasd]").strip()
-
-    try:
-        bundle = load_bundle(name, progress=progress)
-        progress(f"[metasd] warming up preset {name!r} (one short answer)")
-        _warm_up(bundle)
-        with _bundle_lock:
-            _bundles[name] = bundle
-            while len(_bundles) > max(1, MAX_BUNDLES):
-                old, _ = _bundles.popitem(last=False)  # requests still running on it keep their reference
-                log.info("unloaded preset %s (least recently used; at most %d loaded)", old, MAX_BUNDLES)
-        log.info("preset %s ready to serve (loaded and warmed up in %.1f s)", name, done.seconds)
-        del bundle
-        free_memory()
-    except Exception as e:  # noqa: BLE001  (told to the next one who asks; the log keeps the traceback)
-        log.error("loading preset %s failed", name, exc_info=e)
-        done.error = f"{type(e).__name__}: {str(e)[:200]}"
-        with _bundle_lock:
-            _load_errors[name] = done.error
-    finally:
-        with _bundle_lock:
-            _loading.pop(name, None)
-        done.set()
+def preset_drafters(name: str) -> tuple[list[str], list[str]]:
+    """The preset's drafters and the bandit's default arms from the preset itself, nothing loaded (trained
+    drafters without weights left out, as loading leaves them out)."""
+    p = get_preset(name)
+    specs = present_specs(p)
+    return drafter_names(specs), default_drafters(p, specs)
 
 
-def get_bundle(name: Any, wait: bool = True) -> Bundle:
-    """The loaded preset, loading it in the background the first time. Anything but an offered preset name is
-    refused. `wait=False` (a page request) raises Loading at once instead of waiting for the load."""
-    if not isinstance(name, str) or name not in available_presets():
-        raise InvalidInput(f"unknown preset {str(name)[:64]!r}; this machine offers {', '.join(available_presets())}")
-    with _bundle_lock:
-        if name in _bundles:
-            _bundles.move_to_end(name)
-            return _bundles[name]
-        failed = _load_errors.pop(name, None)
-        done = _loading.get(name)
-        if done is None and failed is None:
-            done = _loading[name] = PresetLoad()
-            threading.Thread(target=_load, args=(name, done), name=f"metasd-load-{name}", daemon=True).start()
-    if failed is not None:
-        raise _failed(name, failed)
-    if not wait:
-        raise Loading(f"preset {name} is loading in the background (a minute or two for a hub model); "
-                      "choose it again in a moment")
-    if not done.wait(LOAD_WAIT_S):
-        raise _late(name)
-    if done.error:
-        raise _failed(name, done.error)
-    return get_bundle(name, wait=False)
+class Presets:
+    """The loaded presets of one server, least recently used first, each loaded (and warmed up) once in a thread
+    of its own and shared by every request. At most MAX_BUNDLES stay loaded (the least recently used beyond that is
+    unloaded); the lock guards only the three dicts, never a load, so no request waits for another's load."""
+
+    def __init__(self) -> None:
+        self.loaded: OrderedDict[str, Bundle] = OrderedDict()
+        self.loads: dict[str, PresetLoad] = {}  # loads in progress
+        self.errors: dict[str, str] = {}  # a failed load's reason, told to the next one who asks (who may retry)
+        self.lock = threading.Lock()
+
+    def _load(self, name: str, done: PresetLoad) -> None:
+        """Load and warm up one preset (in a thread of its own), then keep at most MAX_BUNDLES loaded."""
+        def progress(line: str) -> None:  # the log's line, and the latest one kept for a page waiting on the load
+            to_stderr(line)
+            done.step = line.removeprefix("[metasd]").strip()
+
+        try:
+            bundle = load_bundle(name, progress=progress)
+            progress(f"[metasd] warming up preset {name!r} (one short answer)")
+            _warm_up(bundle)
+            with self.lock:
+                self.loaded[name] = bundle
+                while len(self.loaded) > max(1, MAX_BUNDLES):
+                    old, _ = self.loaded.popitem(last=False)  # requests still running on it keep their reference
+                    log.info("unloaded preset %s (least recently used; at most %d loaded)", old, MAX_BUNDLES)
+            log.info("preset %s ready to serve (loaded and warmed up in %.1f s)", name, done.seconds)
+            del bundle
+            free_memory()
+        except Exception as e:  # noqa: BLE001  (told to the next one who asks; the log keeps the traceback)
+            log.error("loading preset %s failed", name, exc_info=e)
+            done.error = f"{type(e).__name__}: {str(e)[:200]}"
+            with self.lock:
+                self.errors[name] = done.error
+        finally:
+            with self.lock:
+                self.loads.pop(name, None)
+            done.set()
+
+    def get(self, name: Any, wait: bool = True) -> Bundle:
+        """The loaded preset, loading it in the background the first time. Anything but an offered preset name is
+        refused. `wait=False` (a page request) raises Loading at once instead of waiting for the load."""
+        if not isinstance(name, str) or name not in available_presets():
+            raise InvalidInput(f"unknown preset {str(name)[:64]!r}; this machine offers {', '.join(available_presets())}")
+        with self.lock:
+            if name in self.loaded:
+                self.loaded.move_to_end(name)
+                return self.loaded[name]
+            failed = self.errors.pop(name, None)
+            done = self.loads.get(name)
+            if done is None and failed is None:
+                done = self.loads[name] = PresetLoad()
+                threading.Thread(target=self._load, args=(name, done), name=f"metasd-load-{name}", daemon=True).start()
+        if failed is not None:
+            raise _failed(name, failed)
+        if not wait:
+            raise Loading(f"preset {name} is loading in the background (a minute or two for a hub model); "
+                          "choose it again in a moment")
+        if not done.wait(LOAD_WAIT_S):
+            raise _late(name)
+        if done.error:
+            raise _failed(name, done.error)
+        return self.get(name, wait=False)
+
+    def bundle_for(self, name: Any, progress: Any = None, cancel: threading.Event | None = None) -> Bundle:
+        """get for a handler: a name it refuses is the user's message (gr.Error). With a gradio progress tracker, a
+        wait for a preset still loading (the first half-minute after a start) shows the load's step, and `cancel`
+        set ends it."""
+        load = self.loading(name) if progress is not None and WAIT_IN_REQUESTS else None
+        try:
+            if load is not None:
+                for _ in load.waiting(name, cancel or threading.Event()):
+                    progress(0.0, desc=f"waiting for the model to load ({load.seconds:.0f} s so far): {load.step}")
+                if cancel is not None and cancel.is_set():
+                    raise gr.Error("Cancelled while the model was loading.", print_exception=False)
+            return self.get(name, wait=WAIT_IN_REQUESTS)
+        except InvalidInput as e:
+            raise refused(e) from None
+
+    def start_loading(self, name: str) -> None:
+        """Load the preset in the background (nothing to wait for: get waits where the model is needed)."""
+        try:
+            self.get(name, wait=False)
+        except Loading:
+            pass
+
+    def loading(self, name: Any) -> PresetLoad | None:
+        """The preset's load in progress (its time so far, its latest step); None once it is loaded, or failed, or
+        where it was never asked for."""
+        with self.lock:
+            return self.loads.get(name) if isinstance(name, str) else None
+
+    def drafters(self, name: str) -> tuple[list[str], list[str]]:
+        """The preset's drafters and the bandit's default arms, as the page offers them: from the loaded models,
+        or, while they load, from the preset itself (the same names)."""
+        with self.lock:
+            bundle = self.loaded.get(name)
+        if bundle is not None:
+            return bundle.drafter_names, bundle.default_drafters
+        return preset_drafters(name)
 
 
 def _warm_up(bundle: Bundle) -> None:
@@ -161,50 +204,6 @@ def _warm_up(bundle: Bundle) -> None:
     ids = encode_prompt(bundle, "Hello!", True)
     target_greedy(bundle, ids, 4)
     engine_run(bundle, "Hello!", max_new_tokens=8)
-
-
-def bundle_for(name: Any, progress: Any = None, cancel: threading.Event | None = None) -> Bundle:
-    """get_bundle for a handler: a name it refuses is the user's message (gr.Error). With a gradio progress
-    tracker, a wait for a preset still loading (the first half-minute after a start) shows the load's step, and
-    `cancel` set ends it."""
-    load = loading(name) if progress is not None and WAIT_IN_REQUESTS else None
-    try:
-        if load is not None:
-            for _ in load.waiting(name, cancel or threading.Event()):
-                progress(0.0, desc=f"waiting for the model to load ({load.seconds:.0f} s so far): {load.step}")
-            if cancel is not None and cancel.is_set():
-                raise gr.Error("Cancelled while the model was loading.", print_exception=False)
-        return get_bundle(name, wait=WAIT_IN_REQUESTS)
-    except InvalidInput as e:
-        raise refused(e) from None
-
-
-def start_loading(name: str) -> None:
-    """Load the preset in the background (nothing to wait for: get_bundle waits where the model is needed)."""
-    try:
-        get_bundle(name, wait=False)
-    except Loading:
-        pass
-
-
-def loading(name: Any) -> PresetLoad | None:
-    """The preset's load in progress (its time so far, its latest step); None once it is loaded, or failed, or
-    where it was never asked for."""
-    with _bundle_lock:
-        return _loading.get(name) if isinstance(name, str) else None
-
-
-def page_drafters(name: str) -> tuple[list[str], list[str]]:
-    """The preset's drafters and the bandit's default arms, as the page offers them: from the loaded models,
-    or, while they load, from the preset itself (the same names: both leave out trained drafters without
-    weights)."""
-    with _bundle_lock:
-        bundle = _bundles.get(name)
-    if bundle is not None:
-        return bundle.drafter_names, bundle.default_drafters
-    p = get_preset(name)
-    specs = present_specs(p)
-    return drafter_names(specs), default_drafters(p, specs)
 
 
 class TargetProgress:
@@ -238,7 +237,7 @@ class _FirstPassDone(LogitsProcessor):
         return scores
 
 
-def measure_target(bundle: Bundle, prompt: str, n: int, progress: TargetProgress | None = None
+def measure_target(bundle: Bundle, prompt: str, n: int, slots: FairSlots, progress: TargetProgress | None = None
                    ) -> tuple[list[int], float]:
     """The target alone, timed under the engine worker's thread plan (a fair ratio): in a thread of its own, the
     prompt's pass with PREFILL_THREADS, every step after it with TORCH_THREADS (metasd.serving.streaming).
@@ -252,6 +251,6 @@ def measure_target(bundle: Bundle, prompt: str, n: int, progress: TargetProgress
         out = target_greedy(bundle, ids, n, logits_processor=LogitsProcessorList([_FirstPassDone(plan, progress)]))
         return out, time.perf_counter() - t
 
-    with MODEL.hold():
+    with slots.hold():
         return in_fresh_thread(timed, name="metasd-target-alone")
 

@@ -21,20 +21,27 @@ from metasd.models.spaces import duration_of
 
 try:  # ZeroGPU on Hugging Face Spaces: a GPU is attached only inside decorated calls.
     import spaces
+except ImportError:  # anywhere else: handlers run as they are
+    spaces = None
 
-    def gpu(fn: Callable | None = None, *, runs: Callable[[dict[str, Any]], Any] | int = 1,
-            duration: Callable[..., int] | None = None) -> Any:
-        """Hold a ZeroGPU GPU while `fn` runs, for a time sized per request from its max_new_tokens and
-        preset (metasd/models/spaces.py; `runs`: generations per call), or by `duration` (the call's arguments ->
-        seconds). Off ZeroGPU `spaces.GPU` hands the function back unchanged."""
-        def wrap(f: Callable) -> Callable:
-            return spaces.GPU(duration=duration or duration_of(f, runs=runs))(f)
-        return wrap(fn) if fn is not None else wrap
-except ImportError:  # anywhere else: a no-op
 
-    def gpu(fn: Callable | None = None, *, runs: Callable[[dict[str, Any]], Any] | int = 1,
-            duration: Callable[..., int] | None = None) -> Any:
-        return fn if fn is not None else (lambda f: f)
+def gpu(fn: Callable | None = None, *, runs: Callable[[dict[str, Any]], Any] | int = 1,
+        duration: Callable[..., int] | None = None) -> Any:
+    """Mark a handler as one that holds a ZeroGPU GPU while it runs, for a time sized per request from its
+    max_new_tokens and preset (metasd/models/spaces.py; `runs`: generations per call), or by `duration` (the call's
+    arguments -> seconds). The mark is applied where the handler is bound to its server (on_gpu, Server.bind)."""
+    def mark(f: Callable) -> Callable:
+        f.gpu_sizing = {"runs": runs, "duration": duration}  # type: ignore[attr-defined]
+        return f
+    return mark(fn) if fn is not None else mark
+
+
+def on_gpu(handler: Callable, sizing: dict[str, Any] | None) -> Callable:
+    """`handler` under `spaces.GPU` where it is marked (gpu) and this is a Space with the spaces package; off
+    ZeroGPU `spaces.GPU` hands the function back unchanged."""
+    if spaces is None or sizing is None:
+        return handler
+    return spaces.GPU(duration=sizing["duration"] or duration_of(handler, runs=sizing["runs"]))(handler)
 
 
 ROOT, ASSETS = paths.ROOT, paths.ASSETS  # the repository (app.py, metasd/, assets/) and its assets

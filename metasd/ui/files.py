@@ -22,36 +22,40 @@ from metasd.models.presets import PRESETS
 from metasd.ui import viz
 from metasd.ui.session import RunRecord
 
-TMP = Path(tempfile.mkdtemp(prefix="metasd-app-"))  # the app's own temp dir (mode 0700): run logs only
-atexit.register(shutil.rmtree, TMP, True)
 TMP_MAX_AGE_S = 3600  # run logs older than this are deleted (gradio serves its own copy meanwhile)
 TMP_MAX_FILES = 400
 
 
-def private_stem(*parts: Any) -> Path:
-    """`metasd-<part>-...-<timestamp>` inside a fresh directory with a random name: files are named by what
-    they hold, and nobody can guess where they are (a run log holds the user's prompt)."""
-    folder = TMP / uuid.uuid4().hex
-    folder.mkdir(mode=0o700)
-    names = [re.sub(r"[^A-Za-z0-9_-]+", "-", str(x)).strip("-") or "run" for x in parts]
-    return folder / "-".join(["metasd", *names, time.strftime("%Y%m%d-%H%M%S")])
+class AppFiles:
+    """A server's own temp dir (mode 0700, removed at exit): the download buttons' run logs and results, Compare's
+    run files for Replay; bounded over a long session. The only folder the server serves files from."""
 
+    def __init__(self) -> None:
+        self.root = Path(tempfile.mkdtemp(prefix="metasd-app-"))
+        atexit.register(shutil.rmtree, self.root, True)
 
-def prune_tmp() -> None:
-    """Keep the app's temp dir bounded over a long session: drop old entries (a run's folder of downloads,
-    or a file), then the oldest beyond the cap."""
-    max_age, max_files = TMP_MAX_AGE_S, TMP_MAX_FILES
-    try:
-        entries = sorted((e.stat().st_mtime, e) for e in TMP.iterdir())
-    except OSError:
-        return
-    now = time.time()
-    for i, (mtime, e) in enumerate(entries):
-        if now - mtime > max_age or i < len(entries) - max_files:
-            if e.is_dir():
-                shutil.rmtree(e, ignore_errors=True)
-            else:
-                e.unlink(missing_ok=True)
+    def stem(self, *parts: Any) -> Path:
+        """`metasd-<part>-...-<timestamp>` inside a fresh directory with a random name: files are named by what
+        they hold, and nobody can guess where they are (a run log holds the user's prompt)."""
+        folder = self.root / uuid.uuid4().hex
+        folder.mkdir(mode=0o700)
+        names = [re.sub(r"[^A-Za-z0-9_-]+", "-", str(x)).strip("-") or "run" for x in parts]
+        return folder / "-".join(["metasd", *names, time.strftime("%Y%m%d-%H%M%S")])
+
+    def prune(self) -> None:
+        """Keep the temp dir bounded over a long session: drop old entries (a run's folder of downloads, or a
+        file), then the oldest beyond the cap."""
+        try:
+            entries = sorted((e.stat().st_mtime, e) for e in self.root.iterdir())
+        except OSError:
+            return
+        now = time.time()
+        for i, (mtime, e) in enumerate(entries):
+            if now - mtime > TMP_MAX_AGE_S or i < len(entries) - TMP_MAX_FILES:
+                if e.is_dir():
+                    shutil.rmtree(e, ignore_errors=True)
+                else:
+                    e.unlink(missing_ok=True)
 
 
 _FORMULA = ("=", "+", "-", "@", "\t", "\r")
@@ -68,12 +72,12 @@ def safe_csv(df: Any, path: Path) -> None:
     df.map(csv_cell).to_csv(path, index=False)
 
 
-def write_logs(record: RunRecord | None):
-    """The per-round log as CSV and JSON, in the app's own temp dir, for the download buttons."""
+def write_logs(files: AppFiles, record: RunRecord | None):
+    """The per-round log as CSV and JSON, in the server's own temp dir, for the download buttons."""
     if not record or not record.rounds:
         return gr.update(value=None, interactive=False), gr.update(value=None, interactive=False)
-    prune_tmp()
-    stem = private_stem(record.preset, record.settings.get("policy", "run"))
+    files.prune()
+    stem = files.stem(record.preset, record.settings.get("policy", "run"))
     safe_csv(viz.rounds_frame(record.rounds), stem.with_suffix(".csv"))
     obj = run_document(record.prompt, record.rounds, record.summary, preset=record.preset,
                        target=PRESETS[record.preset].target if record.preset in PRESETS else "",

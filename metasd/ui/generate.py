@@ -31,21 +31,10 @@ from metasd.serving.batch import (
     pass_block,
     supports,
 )
-from metasd.serving.remote import Job, RoundsPool, SharedRounds
-from metasd.serving.streaming import EngineStream, FrameBudget, Place, Ticket, in_fresh_thread, on_event_loop
+from metasd.serving.remote import Job, RoundsPool
+from metasd.serving.streaming import EngineStream, FairSlots, Place, Ticket, in_fresh_thread, on_event_loop
 from metasd.ui import viz
-from metasd.ui.bundles import (
-    MODEL,
-    WAIT_IN_REQUESTS,
-    PresetLoad,
-    TargetProgress,
-    available_presets,
-    bundle_for,
-    default_preset,
-    loading,
-    measure_target,
-    page_drafters,
-)
+from metasd.ui.bundles import WAIT_IN_REQUESTS, PresetLoad, TargetProgress, available_presets, default_preset, measure_target
 from metasd.ui.config import (
     BATCH_DRAFTS,
     BATCH_SLOWDOWN,
@@ -61,7 +50,6 @@ from metasd.ui.config import (
     PREFILL_THREADS,
     PREFIX_MB,
     ROUNDS_PROCESS,
-    SERVER_FPS,
     TORCH_THREADS,
     gpu,
 )
@@ -80,17 +68,17 @@ from metasd.ui.frames import (
     plot,
     stats,
 )
-from metasd.ui.session import STOPS, RunRecord, SessionReader, session_key
+from metasd.ui.server import Server
+from metasd.ui.session import RunRecord, SessionReader, session_key
 
 WAIT_UPDATE_S = 1.0  # a waiting run's page hears from the line at least this often
-FRAMES = FrameBudget(SERVER_FPS)  # the server's frames a second, shared by every page run streaming now
 
 log = logging.getLogger(__name__)
 LANES_STOPPED = "No drafter lanes for a stopped run: they are computed when an answer ends on its own."
 
 
 @gpu
-def generate_view(prompt: str, preset: str = DEFAULT_PRESET, drafters: list[str] | None = None,
+def generate_view(server: Server, prompt: str, preset: str = DEFAULT_PRESET, drafters: list[str] | None = None,
                   policy: str = defaults.POLICY, reward: str = defaults.REWARD, gamma: int | None = defaults.GAMMA,
                   max_new_tokens: int = defaults.MAX_NEW_TOKENS, temperature: float = defaults.TEMPERATURE,
                   top_p: float = defaults.TOP_P, seed: int = defaults.SEED, full_info: bool = defaults.FULL_INFO,
@@ -105,26 +93,26 @@ def generate_view(prompt: str, preset: str = DEFAULT_PRESET, drafters: list[str]
     # A browser session runs one generation at a time: its new Run stops the previous one (waiting or running);
     # API calls without a session don't. Registered once the run is accepted (a refused request leaves nothing
     # behind), or at once where it first waits for the models to load (so that Stop reaches it there).
-    register = STOPS.replace if request is not None and key != "api" else STOPS.start
+    register = server.stops.replace if request is not None and key != "api" else server.stops.start
     registered = False
     try:
-        load = loading(preset) if WAIT_IN_REQUESTS else None
+        load = server.presets.loading(preset) if WAIT_IN_REQUESTS else None
         if load is not None:
             register(key, stop)
             registered = True
             try:  # a load that failed, or never ended, is told to every run that waited on it
-                yield from _loading_frames(preset, load, stop, baselines)
+                yield from _loading_frames(server, preset, load, stop, baselines)
             except InvalidInput as e:
                 raise refused(e) from None
             if stop.is_set():
                 return
-        bundle = bundle_for(preset)
+        bundle = server.presets.bundle_for(preset)
         names = bundle.drafter_names
-        drafters = _drafters_asked(names, drafters)
+        drafters = _drafters_asked(server, names, drafters)
         settings = {"policy": policy, "reward": reward, "gamma": gamma, "max_new_tokens": max_new_tokens,
                     "temperature": temperature, "top_p": top_p, "seed": seed, "full_info": full_info,
                     "priors": not cold}
-        prepared, events = _start_engine(bundle, prompt, drafters, settings, stop)
+        prepared, events = _start_engine(server, bundle, prompt, drafters, settings, stop)
         settings = {**settings, "gamma": prepared.settings.gamma}  # None asked the preset's: the record says which
         if not registered:
             register(key, stop)
@@ -132,16 +120,18 @@ def generate_view(prompt: str, preset: str = DEFAULT_PRESET, drafters: list[str]
         record = RunRecord(preset=bundle.preset.name, prompt=prepared.text, settings=settings, all_drafters=names,
                            drafters=list(drafters) if drafters else names)
         view = viz.LiveView(viz.drafter_colors(names), record.drafters, placeholder=STREAM_PLACEHOLDER)
-        yield from map(Unchanged(), _stream(events, stop, view, record, baselines, key, SessionReader(key)))
+        reading = SessionReader(key, server.streams)
+        yield from map(Unchanged(), _stream(server, events, stop, view, record, baselines, key, reading))
     finally:
         if registered:
-            STOPS.end(key, stop)
+            server.stops.end(key, stop)
 
 
-def _loading_frames(preset: str, load: PresetLoad, stop: threading.Event, baselines: dict | None) -> Iterator[Frame]:
+def _loading_frames(server: Server, preset: str, load: PresetLoad, stop: threading.Event,
+                    baselines: dict | None) -> Iterator[Frame]:
     """While the server's models load (the first minute after a start): what the load is doing, every
     WAIT_UPDATE_S, until it has ended (loaded or failed), Stop is pressed or LOAD_WAIT_S have gone by."""
-    names, chosen = page_drafters(preset)
+    names, chosen = server.presets.drafters(preset)
     view = viz.LiveView(viz.drafter_colors(names), chosen, placeholder="waiting for the model ...")
     record = RunRecord(preset=preset, prompt="", all_drafters=names, drafters=chosen)
     first = True
@@ -158,7 +148,7 @@ def _loading_frames(preset: str, load: PresetLoad, stop: threading.Event, baseli
                     lanes=lanes_placeholder())
 
 
-def _drafters_asked(names: list[str], drafters: Any) -> Any:
+def _drafters_asked(server: Server, names: list[str], drafters: Any) -> Any:
     """The drafters a request asked for, checked for shape (the engine's validation checks the names);
     None for all of the preset's."""
     if drafters is not None and not isinstance(drafters, list | tuple | str):
@@ -166,19 +156,19 @@ def _drafters_asked(names: list[str], drafters: Any) -> Any:
     if drafters is not None and len(drafters) == 0:
         raise gr.Error("Tick at least one drafter.")
     if (isinstance(drafters, list) and not set(drafters) <= set(names)
-            and list(drafters) == page_drafters(default_preset())[0]):
+            and list(drafters) == server.presets.drafters(default_preset())[0]):
         return None  # the page's default list was sent along with another preset: use all of its drafters
     return drafters
 
 
-def _start_engine(bundle: Bundle, prompt: Any, drafters: Any, settings: dict[str, Any],
+def _start_engine(server: Server, bundle: Bundle, prompt: Any, drafters: Any, settings: dict[str, Any],
                   stop: threading.Event) -> tuple[Prepared, Iterator[Any]]:
     """The request checked once (its cleaned prompt, ids and settings) and the engine's event stream, nothing run
     yet."""
     try:
         asked = list(drafters) if isinstance(drafters, list | tuple) else drafters
         prepared = check(bundle, prompt, drafters=asked, max_new_tokens_limit=MAX_NEW_TOKENS, **settings)
-        events = engine_events(bundle, prepared, stop)
+        events = engine_events(server, bundle, prepared, stop)
     except InvalidInput as e:
         raise refused(e) from None
     except Exception as e:  # e.g. the tokenizer failing on something validation let through
@@ -186,13 +176,14 @@ def _start_engine(bundle: Bundle, prompt: Any, drafters: Any, settings: dict[str
     return prepared, events
 
 
-def engine_events(bundle: Bundle, prepared: Prepared, stop: threading.Event, timed: bool = False) -> Iterator[Any]:
+def engine_events(server: Server, bundle: Bundle, prepared: Prepared, stop: threading.Event,
+                  timed: bool = False) -> Iterator[Any]:
     """One checked run's events (nothing run until read): in the shared rounds where this server has them for this
     preset (start_rounds), with everyone else's runs, else from the engine alone. Generate's runs and each of
     Compare's come this way. A `timed` run (Compare's, set against the target alone timed in this process) reads
     its own prompt in the rounds, and skips them where their passes are padded into blocks: there it would be
     timed on another computation than the target alone."""
-    rounds = SHARED.now
+    rounds = server.shared.now
     if rounds is not None and bundle.target is rounds.model and not (timed and rounds.block):
         if isinstance(rounds, RoundsPool):
             return rounds.submit(Job.of(prepared, timed), stop)
@@ -202,17 +193,12 @@ def engine_events(bundle: Bundle, prepared: Prepared, stop: threading.Event, tim
     return drive(Request.of(bundle, prepared), stop)
 
 
-# Rounds of many requests in one pass (metasd.serving.batch.Rounds), where start_rounds set them up, in this process
-# or in processes of their own (metasd.serving.remote); SHARED.now is None otherwise.
-SHARED = SharedRounds()
-
-
-def start_rounds(bundle: Bundle, process: int = ROUNDS_PROCESS) -> str:
+def start_rounds(server: Server, bundle: Bundle, process: int = ROUNDS_PROCESS) -> str:
     """Share the target's passes between this server's page runs, if its rows are invariant: the batch bound
     from the pass-time cost model measured now and from the KV-cache budget; the admission slots follow it.
     With `process` > 0, the rounds run in that many processes forked now (call it before the server starts its
     threads), each run in one of them. Returns the line for the startup log."""
-    stop_rounds()
+    server.shared.stop()
     if not supports(bundle.target):
         return "shared rounds: off (the shared pass does not compute this target's layout)"
     block = pass_block(bundle.target, asked=PASS_BLOCK)
@@ -240,12 +226,12 @@ def start_rounds(bundle: Bundle, process: int = ROUNDS_PROCESS) -> str:
     rounds = Rounds(bundle.target, n, threads=TORCH_THREADS, share=True,
                     prefixes=PrefixStore(PREFIX_MB * 2**20 // max(1, process)), share_drafts=BATCH_DRAFTS,
                     crowd_threads=CROWD_THREADS if process else None, block=block)
-    MODEL.resize(n)
+    server.model.resize(n)
     drafters = {name: m for name, m in bundle.models.items() if hasattr(m, "model")}  # LMs, not white-box heads
     together = in_fresh_thread(lambda: [d for d, m in drafters.items() if rounds.drafts_together(m)], TORCH_THREADS,
                                name="metasd-drafter-probe")  # before the fork: the child keeps the answers
-    SHARED.start(RoundsPool(bundle, rounds, process) if process else rounds)
-    shared = SHARED.now
+    server.shared.start(RoundsPool(bundle, rounds, process) if process else rounds)
+    shared = server.shared.now
     where = "in this process" + blocks
     if isinstance(shared, RoundsPool):
         pids = ", ".join(str(p) for p in shared.pids)
@@ -257,55 +243,51 @@ def start_rounds(bundle: Bundle, process: int = ROUNDS_PROCESS) -> str:
             f"{MAX_BATCH}); prompt passes kept: up to {PREFIX_MB} MB; drafting together: {', '.join(together) or 'none'}")
 
 
-def stop_rounds() -> None:
-    """No shared rounds from now on (their processes end)."""
-    SHARED.stop()
-
-
 def _shared(rounds: Rounds, req: Any, stop: threading.Event) -> Iterator[Any]:
     """The request's events from the shared rounds; it joins them only once its stream starts (admitted)."""
     yield from rounds.submit(req, steps(req, stop))
 
 
-def _stream(events: Iterator[Any], stop: threading.Event, view: viz.LiveView, record: RunRecord,
+def _stream(server: Server, events: Iterator[Any], stop: threading.Event, view: viz.LiveView, record: RunRecord,
             baselines: dict | None, key: str = "", reading: Callable[[], bool] = lambda: True) -> Iterator[tuple]:
     """The page's frames: the run's place in the app's line while it waits (or that the class is full),
     then the engine's. However it ends, the engine's worker is closed and the model handed back."""
     stream: EngineStream | None = None
     ticket = None
     try:
-        ticket = MODEL.join(key, stop)
+        ticket = server.model.join(key, stop)
         if ticket is None:  # past capacity: said at once, in the page's own words
-            yield frame(view, record, baselines, "the class is full", full_note(), record=None, lanes=lanes_placeholder())
+            yield frame(view, record, baselines, "the class is full", full_note(server.model), record=None,
+                        lanes=lanes_placeholder())
             return
-        yield from _waiting_frames(ticket, view, record, baselines, reading)
+        yield from _waiting_frames(server.model, ticket, view, record, baselines, reading)
         if ticket.left:
             if ticket.left == "stopped":
                 why = "you pressed Stop"
             else:  # a client lost while it waited: the operator sees it too
                 why = "its stream was not read"
-                log.warning("a waiting run left the line: its stream was not read (%d waiting)", MODEL.waiting)
+                log.warning("a waiting run left the line: its stream was not read (%d waiting)", server.model.waiting)
             yield frame(view, record, baselines, f"left the line before starting: {why}", record=None,
                         lanes=lanes_placeholder())
             return
         # The engine starts before the first frame is drawn: prefill runs meanwhile.
-        own = HAS_CUDA or SHARED.now is not None  # shared rounds: torch runs in the rounds' thread, not this stream's
+        own = HAS_CUDA or server.shared.now is not None  # shared rounds: torch runs in the rounds' thread, not this stream's
         stream = EngineStream(events, stop, max_fps=FRAME_FPS, torch_threads=None if own else TORCH_THREADS,
-                              prefill_threads=None if own else PREFILL_THREADS, budget=FRAMES)
+                              prefill_threads=None if own else PREFILL_THREADS, budget=server.frames)
         yield frame(view, record, baselines, None, "starting: prefill ...", record=None, lanes=lanes_placeholder())
-        yield from _engine_frames(stream, view, record, baselines, reading)
+        yield from _engine_frames(server, stream, view, record, baselines, reading)
     except InvalidInput as e:
         raise refused(e) from None
     except Exception as e:  # shown as a message, never a traceback; the log keeps the details
         raise failure(e) from None
     finally:
-        _finish(stream, events, ticket)
+        _finish(server.model, stream, events, ticket)
 
 
 CLOSE_TIMEOUT_S = 10.0  # a worker ends within a round; waiting for it never takes longer than this
 
 
-def _finish(stream: EngineStream | None, events: Iterator[Any], ticket: Ticket | None) -> None:
+def _finish(slots: FairSlots, stream: EngineStream | None, events: Iterator[Any], ticket: Ticket | None) -> None:
     """End the worker (it frees the drafters' and the target's caches), then hand the model back, or leave the
     line if the run never started. A cancelled stream is closed on the server's event loop: there the wait goes
     to a thread of its own, so no client stalls."""
@@ -317,9 +299,9 @@ def _finish(stream: EngineStream | None, events: Iterator[Any], ticket: Ticket |
                 events.close()
         finally:
             if ticket is not None and ticket.admitted_at is not None:
-                MODEL.release(ticket)
+                slots.release(ticket)
             elif ticket is not None:
-                MODEL.cancel(ticket)  # the page went away while waiting: out of the line at once
+                slots.cancel(ticket)  # the page went away while waiting: out of the line at once
 
     if on_event_loop():
         threading.Thread(target=end, name="metasd-close", daemon=True).start()
@@ -327,10 +309,10 @@ def _finish(stream: EngineStream | None, events: Iterator[Any], ticket: Ticket |
         end()
 
 
-def full_note() -> str:
+def full_note(slots: FairSlots) -> str:
     """What a run refused at the door is told: the class is full, and when to come back."""
-    return (f"The class is full: {MODEL.waiting} runs are already waiting for the model on this server. "
-            f"Please press Run again in about {_duration(MODEL.retry_after_s())}.")
+    return (f"The class is full: {slots.waiting} runs are already waiting for the model on this server. "
+            f"Please press Run again in about {_duration(slots.retry_after_s())}.")
 
 
 def waiting_status(p: Place) -> str:
@@ -338,14 +320,14 @@ def waiting_status(p: Place) -> str:
     return f"{_ordinal(p.place)} in line, about {_duration(p.eta_s)}"
 
 
-def _waiting_frames(ticket: Ticket, view: viz.LiveView, record: RunRecord, baselines: dict | None,
+def _waiting_frames(slots: FairSlots, ticket: Ticket, view: viz.LiveView, record: RunRecord, baselines: dict | None,
                     reading: Callable[[], bool]) -> Iterator[tuple]:
     """While the run waits: a full frame at once, then the status and numbers whenever the place changes
     (at least every WAIT_UPDATE_S, which also tells whether the client still reads its stream)."""
     said, said_at, first = "", 0.0, True
-    for place in MODEL.wait(ticket, reading=reading):
+    for place in slots.wait(ticket, reading=reading):
         status = waiting_status(place)
-        note = (f"Waiting for the model: {place.running} run(s) on it now, {MODEL.waiting} in line. Stop takes "
+        note = (f"Waiting for the model: {place.running} run(s) on it now, {slots.waiting} in line. Stop takes "
                 "this run out of the line.")
         if first:
             yield frame(view, record, baselines, status, note, record=None, lanes=lanes_placeholder())
@@ -366,7 +348,7 @@ def _duration(s: float) -> str:
     return f"{max(1, round(s))} s" if s < 90 else f"{round(s / 60)} min"
 
 
-def _engine_frames(stream: EngineStream, view: viz.LiveView, record: RunRecord,
+def _engine_frames(server: Server, stream: EngineStream, view: viz.LiveView, record: RunRecord,
                    baselines: dict | None, reading: Callable[[], bool] = lambda: True) -> Iterator[tuple]:
     """One frame per batch of engine events, the last one complete and carrying the finished record. A
     client that stopped reading its stream stops the run (its frames would pile up unread)."""
@@ -392,13 +374,13 @@ def _engine_frames(stream: EngineStream, view: viz.LiveView, record: RunRecord,
             # The lanes after the answer: its frame is out first, so they never delay it. While other runs share
             # the model, only what the engine scored live (full information): the teacher-forced passes would
             # cost the class about a third of a run's work each.
-            others = sharing_model()
+            others = sharing_model(server)
             if others and not record.settings.get("full_info"):
                 yield frame(view, record, baselines, status, record=record, lanes=lanes_placeholder(
                     f"No drafter lanes now: {others} other run{'s' if others != 1 else ''} share the model, and the "
                     "lanes after an answer would cost them a third of a run. Tick Full-information feedback to see them live."))
                 break
-            lanes = in_fresh_thread(lambda r=record, post=not others: run_lanes(r, post=post),
+            lanes = in_fresh_thread(lambda r=record, post=not others: run_lanes(server, r, post=post),
                                     None if HAS_CUDA else PREFILL_THREADS, "metasd-lanes")
             record = replace(record, lanes=lanes)
             # The final frame again, whole (a caller reading only the last one gets every view), with the lanes.
@@ -410,7 +392,7 @@ def _engine_frames(stream: EngineStream, view: viz.LiveView, record: RunRecord,
         # re-sent whole, at most every PLOT_INTERVAL_S, and less often as they grow.
         out = Frame(tokens=view.tokens_html(), text=view.text())
         if t_frame - plotted_at >= PLOT_INTERVAL_S * (1 + len(view.rounds) / 100) and len(view.rounds) != plotted_rounds:
-            note = f"round {len(view.rounds)} \u00b7 {view.new_tokens} tokens \u00b7 streaming{_company()} ..."
+            note = f"round {len(view.rounds)} \u00b7 {view.new_tokens} tokens \u00b7 streaming{_company(server)} ..."
             out = out._replace(arms=plot(view.arm_json()), regret=plot(view.regret_json()),
                                stats=stats(view, record, baselines, note), table=view.table(),
                                lanes=live_lanes(view.rounds, record, view.colors))  # with full information: live
@@ -419,14 +401,14 @@ def _engine_frames(stream: EngineStream, view: viz.LiveView, record: RunRecord,
         stream.frame_cost(time.perf_counter() - t_frame)
 
 
-def run_lanes(record: RunRecord, post: bool = True) -> dict[str, list[float]]:
+def run_lanes(server: Server, record: RunRecord, post: bool = True) -> dict[str, list[float]]:
     """The finished run's drafter lanes: live cells where the engine scored them, the rest teacher-forced now
     (the model is still held by this request); `post=False`: the live cells only."""
     if not record.rounds or record.summary is None:
         return {}
     try:
-        lanes, secs = lanes_for(bundle_for(record.preset), record.summary.prompt, record.rounds, record.summary.config,
-                                post=post)
+        lanes, secs = lanes_for(server.presets.bundle_for(record.preset), record.summary.prompt, record.rounds,
+                                record.summary.config, post=post)
     except Exception:  # the answer stands without its lanes; the log keeps why
         log.exception("drafter lanes failed")
         return {}
@@ -434,23 +416,24 @@ def run_lanes(record: RunRecord, post: bool = True) -> dict[str, list[float]]:
     return lanes
 
 
-def sharing_model() -> int:
+def sharing_model(server: Server) -> int:
     """How many other page runs share the model with a finished one that still holds its slot (shared rounds;
     0 where runs take turns): its after-the-answer extras then wait for a quiet moment."""
-    return 0 if SHARED.now is None else max(0, MODEL.running - 1) + MODEL.waiting
+    model = server.model
+    return 0 if server.shared.now is None else max(0, model.running - 1) + model.waiting
 
 
-def _company() -> str:
+def _company(server: Server) -> str:
     """ \u00b7 served together with N other runs (shared rounds), or nothing."""
-    shared = SHARED.now
+    shared = server.shared.now
     others = shared.together - 1 if shared is not None else 0
     return f" \u00b7 served together with {others} other run{'s' if others != 1 else ''}" if others > 0 else ""
 
 
-def stop_generation(request: gr.Request = None) -> None:
+def stop_generation(server: Server, request: gr.Request = None) -> None:
     """Stop button, or the tab closed: the session's running generations end at the next round. The
     stream then draws its final frame, so the page keeps everything generated so far."""
-    STOPS.signal(session_key(request))
+    server.stops.signal(session_key(request))
 
 
 def _baseline_duration(record: RunRecord | None = None, *args: Any, **kwargs: Any) -> int:
@@ -461,12 +444,9 @@ def _baseline_duration(record: RunRecord | None = None, *args: Any, **kwargs: An
         return gpu_duration(None)
 
 
-# Target-alone timings shared by every session: a class running the same example times it once.
-_MEASURED: dict[str, dict[str, Any]] = {}
-
-
 @gpu(duration=_baseline_duration)
-def measure_baseline_stream(record: RunRecord | None, baselines: dict | None, auto: bool = True, forced: bool = False):
+def measure_baseline_stream(server: Server, record: RunRecord | None, baselines: dict | None, auto: bool = True,
+                            forced: bool = False):
     """The target alone on the same prompt and token count, timed in this session (cached per prompt). While it
     runs, the numbers show its progress at the run's frame rate: the page draws while the target alone is timed
     as it drew while the run was, so on a small machine, where the browser draws on the engine's cores, its
@@ -478,20 +458,21 @@ def measure_baseline_stream(record: RunRecord | None, baselines: dict | None, au
     rounds = record.rounds
     n = rounds[-1].new_tokens
     key = baseline_key(record.preset, record.prompt, n)
-    if key not in baselines and not forced and key in _MEASURED:  # another session timed this prompt already
-        shared = _MEASURED[key]
+    shared = None if key in baselines or forced else server.timings.get(key)
+    if shared is not None:  # another session timed this prompt already
         baselines[key] = {**shared, "note": shared["note"].replace("in this session", "on this server")}
     # Others wait for the model (their runs go first), or share its passes (a timing beside them would slow them
     # and be unfair to the target): this timing only on demand.
-    busy = (f"{MODEL.waiting} runs wait for the model" if MODEL.waiting else
-            f"{MODEL.running} runs share the model" if SHARED.now is not None and MODEL.running else "")
+    model = server.model
+    busy = (f"{model.waiting} runs wait for the model" if model.waiting else
+            f"{model.running} runs share the model" if server.shared.now is not None and model.running else "")
     if key not in baselines and not forced and busy:
         yield stats(_record_view(record), record, baselines,
                     f"Target alone not timed now: {busy}. Press “Measure target alone” later."), baselines
         return
     if key not in baselines or forced:
-        bundle = bundle_for(record.preset)
-        timing = _Timing(bundle, record.prompt, n)
+        bundle = server.presets.bundle_for(record.preset)
+        timing = _Timing(bundle, record.prompt, n, model)
         view = _record_view(record)
         while timing.wait(1.0 / FRAME_FPS):
             yield stats(view, record, baselines, timing.progress_note()), gr.skip()
@@ -500,29 +481,29 @@ def measure_baseline_stream(record: RunRecord | None, baselines: dict | None, au
         note = (f"Target alone measured on this prompt in this session: {len(out)} tokens in {secs:.2f} s (engine "
                 "clock, the page drawing its progress as it drew the run's).")
         if record.settings["temperature"] == 0:
-            note += " " + identity_note(bundle, record.prompt, ours, out)
-        baselines[key] = _MEASURED[key] = {"tokens_per_s": len(out) / secs if secs > 0 else 0.0, "note": note}
-        while len(_MEASURED) > 256:  # bounded: the oldest measurement goes first
-            _MEASURED.pop(next(iter(_MEASURED)))
+            note += " " + identity_note(bundle, record.prompt, ours, out, model)
+        baselines[key] = {"tokens_per_s": len(out) / secs if secs > 0 else 0.0, "note": note}
+        server.timings.put(key, baselines[key])
     yield stats(_record_view(record), record, baselines), baselines
 
 
-def measure_baseline(record: RunRecord | None, baselines: dict | None, auto: bool = True, forced: bool = False):
+def measure_baseline(server: Server, record: RunRecord | None, baselines: dict | None, auto: bool = True,
+                     forced: bool = False):
     """measure_baseline_stream's result, its last frame: (stats, baselines)."""
-    frames = list(measure_baseline_stream(record, baselines, auto, forced))
+    frames = list(measure_baseline_stream(server, record, baselines, auto, forced))
     return frames[-1]
 
 
-def measure_now(record: RunRecord | None, baselines: dict | None):
+def measure_now(server: Server, record: RunRecord | None, baselines: dict | None):
     """The “Measure target alone” button: time it again, streamed."""
-    yield from measure_baseline_stream(record, baselines, True, True)
+    yield from measure_baseline_stream(server, record, baselines, True, True)
 
 
 class _Timing:
     """The target alone timed in a thread of its own (bundles.measure_target), and what it has generated so far."""
 
-    def __init__(self, bundle: Bundle, prompt: str, n: int) -> None:
-        self.bundle, self.n = bundle, n
+    def __init__(self, bundle: Bundle, prompt: str, n: int, slots: FairSlots) -> None:
+        self.bundle, self.n, self.slots = bundle, n, slots
         self.progress = TargetProgress()
         self.done: tuple[list[int], float] | None = None
         self.error: BaseException | None = None
@@ -531,7 +512,7 @@ class _Timing:
 
     def _run(self, prompt: str) -> None:
         try:
-            self.done = measure_target(self.bundle, prompt, self.n, self.progress)
+            self.done = measure_target(self.bundle, prompt, self.n, self.slots, self.progress)
         except BaseException as e:  # noqa: BLE001  (raised in the handler's thread, by result())
             self.error = e
 
@@ -563,10 +544,10 @@ def _record_view(record: RunRecord) -> viz.LiveView:
     return view
 
 
-def identity_note(bundle: Bundle, prompt: str, ours: list[int], reference: list[int]) -> str:
+def identity_note(bundle: Bundle, prompt: str, ours: list[int], reference: list[int], slots: FairSlots) -> str:
     """Greedy runs: whether the output is the target's own greedy decoding, and if not, where the two
     part and why (in bf16/fp16 a near-tie that batched verification rounds the other way)."""
-    with MODEL.hold():
+    with slots.hold():
         d = first_divergence(bundle, encode_prompt(bundle, prompt, True), ours, reference)
     if d is None:
         small = " (the target is a small model: speculative decoding keeps its answer exactly, right or wrong)"
@@ -579,11 +560,11 @@ def policy_choices(drafters: list[str]) -> list[str]:
     return list(POLICIES) + [single_method(d) for d in drafters]
 
 
-def on_preset(name: str):
+def on_preset(server: Server, name: str):
     """Another preset: its drafters (its defaults ticked), the policies over them, its draft length."""
     if name not in available_presets():
         raise gr.Error(f"unknown preset {name!r}")
-    bundle = bundle_for(name)  # a hub preset not loaded yet loads in the background; the one who asked is told
+    bundle = server.presets.bundle_for(name)  # a hub preset not loaded yet loads in the background; the one who asked is told
     names = bundle.drafter_names
     return (gr.update(choices=names, value=bundle.default_drafters),
             gr.update(choices=policy_choices(names), value=PAGE_POLICY),

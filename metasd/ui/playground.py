@@ -4,13 +4,7 @@ rounds in a moment, no model."""
 from __future__ import annotations
 
 import functools
-import multiprocessing
-import os
-import threading
-from collections.abc import Callable
-from concurrent.futures import ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
-from typing import Any
 
 import gradio as gr
 import pandas as pd
@@ -19,6 +13,7 @@ from metasd.bandits.playground import SynthDrafter, compare, expected_speedup, e
 from metasd.core.validation import InvalidInput, markdown_literal, validate_playground
 from metasd.ui import viz
 from metasd.ui.errors import failure
+from metasd.ui.server import Server
 
 PLAYGROUND_DRAFTERS = pd.DataFrame(
     [["prompt lookup", 0.45, 0.0], ["token recycling", 0.55, 0.02], ["small LM", 0.75, 0.08], ["large LM", 0.9, 0.35]],
@@ -26,52 +21,10 @@ PLAYGROUND_DRAFTERS = pd.DataFrame(
 )
 
 
-class Simulator:
-    """Simulations in one process of their own at the lowest CPU priority, one at a time.
-
-    A simulation is pure Python and numpy: in the server's process it held the interpreter lock the engine's
-    round loop and the event loop need, and four of them (even one at a time) slowed a 0.7 s Generate beside
-    them to 4.5 s on 2 cores. In a process of its own, niced, it takes only what the model leaves over; a queued
-    simulation waits its turn in the pool, a generation never waits for one. Spawned, not forked: the server has
-    torch's thread pools, which a fork would copy half-alive.
-    """
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._pool: ProcessPoolExecutor | None = None
-
-    def run(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
-        with self._lock:
-            if self._pool is None:
-                self._pool = ProcessPoolExecutor(max_workers=1, mp_context=multiprocessing.get_context("spawn"),
-                                                 initializer=_lowest_priority)
-            pool = self._pool
-        try:
-            return pool.submit(fn, *args, **kwargs).result()
-        except BrokenProcessPool:  # the process died (killed, out of memory): the next simulation starts a new one
-            with self._lock:
-                if self._pool is pool:
-                    self._pool = None
-            raise
-
-    def close(self) -> None:
-        with self._lock:
-            pool, self._pool = self._pool, None
-        if pool is not None:
-            pool.shutdown(wait=False, cancel_futures=True)
-
-
-def _lowest_priority() -> None:
-    os.nice(19)
-
-
-SIMULATOR = Simulator()
-
-
-def run_playground(table: pd.DataFrame, policies: list[str], gamma: int, rounds: int, reward: str, full_info: bool,
-                   spread: float, seed: int, here: bool = False):
+def run_playground(server: Server, table: pd.DataFrame, policies: list[str], gamma: int, rounds: int, reward: str,
+                   full_info: bool, spread: float, seed: int, here: bool = False):
     """The simulation's arm probabilities, regret, per-policy table, and each drafter's expected value. It runs in
-    the Simulator's process, or with `here` in this one (the start-up's default: no run streams yet)."""
+    the server's simulator process, or with `here` in this one (the start-up's default: no run streams yet)."""
     try:
         rows = table.to_dict("records") if isinstance(table, pd.DataFrame) else table
         st = validate_playground(rows, policies, gamma, rounds, reward, full_info, spread, seed)
@@ -82,7 +35,7 @@ def run_playground(table: pd.DataFrame, policies: list[str], gamma: int, rounds:
     drafters = [SynthDrafter(name, acc, cost) for name, acc, cost in st.drafters]
     gamma = st.gamma
     try:
-        results = (compare if here else functools.partial(SIMULATOR.run, compare))(
+        results = (compare if here else functools.partial(server.simulator.run, compare))(
             list(st.policies), drafters, gamma=st.gamma, rounds=st.rounds, reward=st.reward, full_info=st.full_info,
             spread=st.spread, seed=st.seed)
     except (ValueError, TypeError, KeyError) as e:
@@ -101,20 +54,13 @@ def run_playground(table: pd.DataFrame, policies: list[str], gamma: int, rounds:
 
 
 PLAYGROUND_DEFAULTS = (["metasd-ucb", "exp3", "thompson", "hedge"], 4, 3000, "throughput", False, 8.0, 0)
-_default_lock = threading.Lock()
 
 
-@functools.cache
-def _simulated_default() -> tuple:
-    policies, gamma, rounds, reward, full_info, spread, seed = PLAYGROUND_DEFAULTS
-    return run_playground(PLAYGROUND_DRAFTERS, list(policies), gamma, rounds, reward, full_info, spread, seed,
-                          here=True)
-
-
-def playground_default():
+def playground_default(server: Server):
     """The simulation a page opens with (the tab's default settings), computed once per server, in its own process
     (0.5 s here), which the server does at start-up: page loads queue no work, and a class opening the page costs
     nothing. The Simulator's process would cost ~3 s of CPU to start: on a 2-core machine, made on the first page
     load, it slowed the first Run beside it from 1.4x to 0.8x (docs/BENCHMARKS.md, *The page's own cost*)."""
-    with _default_lock:
-        return _simulated_default()
+    policies, gamma, rounds, reward, full_info, spread, seed = PLAYGROUND_DEFAULTS
+    return server.opening.get(lambda: run_playground(server, PLAYGROUND_DRAFTERS, list(policies), gamma, rounds, reward,
+                                                     full_info, spread, seed, here=True))

@@ -6,14 +6,13 @@ from __future__ import annotations
 import hashlib
 import threading
 import time
-from collections import OrderedDict
 from collections.abc import Iterator
 from typing import Any
 
 import gradio as gr
 
 from metasd.core.events import RoundEvent
-from metasd.core.runfile import Replay, parse_run
+from metasd.core.runfile import Replay
 from metasd.core.validation import REPLAY_MAX_S, RUN_MAX_BYTES, InvalidInput, number
 from metasd.models.colors import canonical_names
 from metasd.serving.streaming import EngineStream
@@ -22,7 +21,8 @@ from metasd.ui.config import ASSETS, EXAMPLES, FRAME_FPS, task_title
 from metasd.ui.errors import failure, refused
 from metasd.ui.files import read_upload
 from metasd.ui.frames import REPLAY_FIELDS, SKIP, STREAM_PLACEHOLDER, Frame, ReplayFrame, final_status, frame, lanes_view
-from metasd.ui.session import STOPS, RunRecord, replay_key
+from metasd.ui.server import Server
+from metasd.ui.session import RunRecord, replay_key
 
 RUNS_DIR = ASSETS / "runs"
 
@@ -33,47 +33,17 @@ def gallery() -> list[tuple[str, str]]:
     return [(titles.get(p.stem, p.stem), p.stem) for p in sorted(RUNS_DIR.glob("*.json"))]
 
 
-# Parsed runs, by file identity: the round slider and the slider's range (an event outside the queue) parse a
-# file once, not on every move. Parsing itself is one at a time: json.loads holds the GIL for its whole call.
-_CACHE: OrderedDict[tuple[Any, ...], Replay] = OrderedDict()
-_CACHE_SIZE = 4
-_cache_lock = threading.Lock()
-_parse_lock = threading.Lock()
-PARSE_WAIT_S = 10.0
-
-
-def _parsed(key: tuple[Any, ...], read: Any) -> Replay:
-    with _cache_lock:
-        if key in _CACHE:
-            _CACHE.move_to_end(key)
-            return _CACHE[key]
-    if not _parse_lock.acquire(timeout=PARSE_WAIT_S):
-        raise InvalidInput("the server is busy reading other run files; try again in a moment")
-    try:
-        with _cache_lock:  # parsed meanwhile by a request that held the parse lock before this one
-            if key in _CACHE:
-                return _CACHE[key]
-        run = parse_run(read())
-        with _cache_lock:
-            _CACHE[key] = run
-            while len(_CACHE) > _CACHE_SIZE:
-                _CACHE.popitem(last=False)
-    finally:
-        _parse_lock.release()
-    return run
-
-
-def _replay_source(run_file: Any, name: Any) -> tuple[Replay, str]:
+def _replay_source(server: Server, run_file: Any, name: Any) -> tuple[Replay, str]:
     """The run to replay: an uploaded run file, else a gallery entry by name (only names the gallery lists).
     An upload is known by its content (gradio may hand the same file over under another path)."""
     if run_file:
         data, file_name = read_upload(run_file, RUN_MAX_BYTES, "run file", "upload a run file (JSON)")
-        return _parsed(("upload", hashlib.sha256(data).hexdigest()), lambda: data), file_name
+        return server.runs.get(("upload", hashlib.sha256(data).hexdigest()), lambda: data), file_name
     if not name:
         raise InvalidInput("choose a recorded run or upload a run file")
     if not isinstance(name, str) or name not in {n for _, n in gallery()}:
         raise InvalidInput(f"no recorded run named {str(name)[:64]!r}")
-    return _parsed(("gallery", name), lambda: (RUNS_DIR / f"{name}.json").read_bytes()), name
+    return server.runs.get(("gallery", name), lambda: (RUNS_DIR / f"{name}.json").read_bytes()), name
 
 
 def _replay_setup(run: Replay) -> tuple[viz.LiveView, RunRecord]:
@@ -112,12 +82,12 @@ def _pace(run: Replay, speed: float) -> float:
     return max(speed, recorded / REPLAY_MAX_S)
 
 
-def replay_view(run_file: Any = None, name: str = "", speed: float = 2.0, request: gr.Request = None):
+def replay_view(server: Server, run_file: Any = None, name: str = "", speed: float = 2.0, request: gr.Request = None):
     """Stream a saved run as /generate streams a live one, paced by its recorded round times / speed; at most
     REPLAY_MAX_S of wall time, and one replay per session at a time (a new one ends the session's previous one)."""
     try:
         speed = float(number("speed", speed, False, (0.25, 64.0)))
-        run, label = _replay_source(run_file, name)
+        run, label = _replay_source(server, run_file, name)
     except InvalidInput as e:
         raise refused(e) from None
     except Exception as e:  # never the bare "Error": the log keeps the traceback
@@ -125,8 +95,8 @@ def replay_view(run_file: Any = None, name: str = "", speed: float = 2.0, reques
     stop = threading.Event()
     key = replay_key(request)
     if getattr(request, "session_hash", None):  # this session's previous replay ends: one slot per visitor
-        STOPS.signal(key)
-    STOPS.start(key, stop)
+        server.stops.signal(key)
+    server.stops.start(key, stop)
     pace = _pace(run, speed)
     view, record = _replay_setup(run)
     note = _replay_note(run, label) + (f" Played at {pace:.2g}\u00d7 (a replay lasts at most {REPLAY_MAX_S:.0f} s)."
@@ -141,7 +111,7 @@ def replay_view(run_file: Any = None, name: str = "", speed: float = 2.0, reques
             status = f"replay stopped at round {len(view.rounds)} of {len(run.rounds)}"
         yield frame(view, record, None, status, note, lanes=_lanes(run, view)).for_replay()
     finally:
-        STOPS.end(key, stop)
+        server.stops.end(key, stop)
 
 
 # A replay waits at most this long for any one round, whatever the file says it took: a run file whose one round
@@ -181,10 +151,10 @@ def _replay_frames(run: Replay, view: viz.LiveView, pace: float, stop: threading
         stream.close()
 
 
-def replay_at(run_file: Any, name: str, k: Any):
+def replay_at(server: Server, run_file: Any, name: str, k: Any):
     """The replay's state after round k (the round slider): every view as it was then."""
     try:
-        run, label = _replay_source(run_file, name)
+        run, label = _replay_source(server, run_file, name)
         k = int(number("round", k, True, (0, len(run.rounds))))
     except InvalidInput as e:
         raise refused(e) from None
@@ -201,26 +171,25 @@ def replay_at(run_file: Any, name: str, k: Any):
                  lanes=_lanes(run, view)).for_replay()
 
 
-def replay_rounds(run_file: Any, name: str):
+def replay_rounds(server: Server, run_file: Any, name: str):
     """The round slider's range for the chosen run. This event runs outside the queue, so it never parses a
     visitor's file: it reads the parse its replay (in the queue) has just made, by the file's content; an upload
     not replayed yet gets the default range."""
     try:
         if run_file:
             data, _ = read_upload(run_file, RUN_MAX_BYTES, "run file", "upload a run file (JSON)")
-            with _cache_lock:
-                run = _CACHE.get(("upload", hashlib.sha256(data).hexdigest()))
+            run = server.runs.peek(("upload", hashlib.sha256(data).hexdigest()))
             if run is None:
                 return gr.update(maximum=1, value=0)
         else:
-            run, _ = _replay_source(None, name)  # a gallery run: the app's own small files
+            run, _ = _replay_source(server, None, name)  # a gallery run: the app's own small files
     except Exception:  # noqa: BLE001  (the replay itself said what was wrong)
         return gr.update(maximum=1, value=0)
     return gr.update(maximum=len(run.rounds), value=len(run.rounds))
 
 
-def stop_replay(request: gr.Request = None) -> None:
-    STOPS.signal(replay_key(request))
+def stop_replay(server: Server, request: gr.Request = None) -> None:
+    server.stops.signal(replay_key(request))
 
 
 def open_link(request: gr.Request):
@@ -231,7 +200,7 @@ def open_link(request: gr.Request):
     return gr.skip(), gr.skip()
 
 
-def open_grid_run(runs: list[str], evt: gr.SelectData):
+def open_grid_run(server: Server, runs: list[str], evt: gr.SelectData):
     """A click on Compare's lanes grid: the Replay tab on that prompt's run (saved by the prompt set), at its
     last round, lanes and all."""
     row = evt.index[0] if isinstance(evt.index, list | tuple) else evt.index
@@ -239,8 +208,8 @@ def open_grid_run(runs: list[str], evt: gr.SelectData):
         return (SKIP,) * (3 + len(REPLAY_FIELDS))
     path = runs[row]
     try:
-        n = len(_replay_source(path, "")[0].rounds)
+        n = len(_replay_source(server, path, "")[0].rounds)
     except InvalidInput as e:
         raise refused(e) from None
     return (gr.Tabs(selected="replay"), gr.update(value=path), gr.update(maximum=n, value=n),
-            *replay_at(path, "", n))
+            *replay_at(server, path, "", n))

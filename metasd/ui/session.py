@@ -1,5 +1,5 @@
-"""Per-session state: which runs a session has going (so Stop, Cancel and a closed tab can end them),
-and the record of one run that the Generate tab keeps in its gr.State."""
+"""Per-session state: which runs a session has going (so Stop, Cancel and a closed tab can end them), whether
+a session still reads its stream, and the record of one run that the Generate tab keeps in its gr.State."""
 
 from __future__ import annotations
 
@@ -56,8 +56,6 @@ class StopRegistry:
             ev.set()
 
 
-STOPS = StopRegistry()
-
 
 def session_key(request: gr.Request | None) -> str:
     """The session's key; API calls without a session share one."""
@@ -91,21 +89,17 @@ class RunRecord:
     lanes: dict[str, list[float]] = field(default_factory=dict)  # the drafter lanes, once the run ended
 
 
-# How many of a session's stream messages wait unread in gradio's queue: app.launch points this at the
-# served page's queue; None (handlers called directly, as tests do) means nobody can tell.
-class _Streams:
-    unread: Callable[[str], int | None] = staticmethod(lambda key: None)
+class Streams:
+    """How many of a session's stream messages wait unread in gradio's queue: app.launch points `unread` at the
+    served page's queue (gradio_unread); None (handlers called directly, as tests do) means nobody can tell."""
+
+    def __init__(self) -> None:
+        self.unread: Callable[[str], int | None] = lambda key: None
 
 
-STREAMS = _Streams()
 # A waiting run's page hears from the line every second and a running one's up to 8 times a second: messages
 # left unread this long mean nobody reads the stream.
 READ_PATIENCE_S = 4.0
-
-
-def watch_streams(unread: Callable[[str], int | None]) -> None:
-    """Where session_reader looks for a session's unread stream messages (app.launch sets it)."""
-    STREAMS.unread = unread
 
 
 # gradio's queue looks for work to start every 1 ms while it has none (and for progress to send every 10 ms): on an
@@ -140,14 +134,14 @@ class SessionReader:
     on two cores the server sent streams' messages late, and a rule of "anything unread for 4 s" stopped a
     student's run that was being read."""
 
-    def __init__(self, key: str, patience_s: float | None = None) -> None:
-        self.key = key
+    def __init__(self, key: str, streams: Streams, patience_s: float | None = None) -> None:
+        self.key, self.streams = key, streams
         self.patience_s = READ_PATIENCE_S if patience_s is None else patience_s
         self.read_at = time.perf_counter()
         self.backlog = 0
 
     def __call__(self) -> bool:
-        n = STREAMS.unread(self.key)
+        n = self.streams.unread(self.key)
         now = time.perf_counter()
         if n is None or n <= 1 or n < self.backlog:  # nothing (or one) unread, nobody can tell, or some was read
             self.read_at = now

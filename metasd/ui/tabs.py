@@ -18,7 +18,7 @@ from metasd.core import defaults
 from metasd.core.validation import MAX_PROMPT_CHARS, markdown_literal
 from metasd.models.presets import PRESETS
 from metasd.ui import text, viz
-from metasd.ui.bundles import available_presets, page_drafters
+from metasd.ui.bundles import available_presets
 from metasd.ui.compare import COMPARE_COLUMNS, cancel_compare, compare_prompt, compare_set
 from metasd.ui.config import (
     COMPARE_MAX_NEW_TOKENS,
@@ -35,6 +35,7 @@ from metasd.ui.frames import REPLAY_FIELDS, lanes_placeholder, outputs, plot
 from metasd.ui.generate import generate_view, measure_baseline_stream, measure_now, on_preset, policy_choices, stop_generation
 from metasd.ui.playground import PLAYGROUND_DEFAULTS, PLAYGROUND_DRAFTERS, playground_default, run_playground
 from metasd.ui.replay import gallery, open_grid_run, open_link, replay_at, replay_rounds, replay_view, stop_replay
+from metasd.ui.server import Server
 
 # ----------------------------------------------------------------------------------------------
 # Helpers of the page
@@ -132,13 +133,13 @@ class GenerateAnswer:
     lanes: gr.HTML
 
 
-def build_generate_tab(preset0: str, drafters0: list[str], baselines: gr.State, record: gr.State,
+def build_generate_tab(server: Server, preset0: str, drafters0: list[str], baselines: gr.State, record: gr.State,
                        concurrency: int) -> None:
     """The Generate tab: settings on the left, the streamed answer on the right. `concurrency`: how many
     generations may hold the model at once (the server's setting)."""
     with gr.Tab("Generate", id="generate"):
         with gr.Row(equal_height=False, elem_id="gen-row"):
-            controls = _generate_controls(preset0, drafters0)
+            controls = _generate_controls(preset0, drafters0, server.presets.drafters(preset0)[1])
             views = _generate_answer(drafters0)
         with gr.Row():
             table = gr.DataFrame(viz.drafter_table([], drafters0), label="Per drafter", interactive=False,
@@ -147,12 +148,12 @@ def build_generate_tab(preset0: str, drafters0: list[str], baselines: gr.State, 
                 gr.Markdown("**Per-round log** (also of a stopped run)", elem_classes="compact-md")
                 csv_btn = gr.DownloadButton("CSV", size="sm", interactive=False)
                 json_btn = gr.DownloadButton("JSON", size="sm", interactive=False)
-        _wire_generate(controls, GenerateAnswer(*views[:-1], table, csv_btn, json_btn, views[-1]), baselines, record,
+        _wire_generate(server, controls, GenerateAnswer(*views[:-1], table, csv_btn, json_btn, views[-1]), baselines, record,
                        concurrency)
     take_as_sent(controls.gamma, controls.max_new_tokens, controls.temperature, controls.top_p, controls.seed)
 
 
-def _generate_controls(preset0: str, drafters0: list[str]) -> GenerateControls:
+def _generate_controls(preset0: str, drafters0: list[str], ticked0: list[str]) -> GenerateControls:
     """The left column: what to run. Only the prompt, Run/Stop and the two most used settings are open,
     so that at projector size (1280x720) the answer on the right is on the first screen."""
     with gr.Column(scale=4, min_width=300, elem_id="controls"):
@@ -179,7 +180,7 @@ def _generate_controls(preset0: str, drafters0: list[str]) -> GenerateControls:
             presets = available_presets()
             preset = gr.Dropdown(presets, value=preset0, label="Preset", info=_preset_info(preset0),
                                  interactive=len(presets) > 1)
-            drafters = gr.CheckboxGroup(drafters0, value=page_drafters(preset0)[1],
+            drafters = gr.CheckboxGroup(drafters0, value=ticked0,
                                         label="Drafters (tick any subset)")
             reward = gr.Radio(REWARD_CHOICES, value="bd", label="Reward")
             with gr.Row():
@@ -228,7 +229,7 @@ def _generate_answer(drafters0: list[str]) -> tuple[gr.components.Component, ...
     return tokens, stats, show_rejected, auto_base, measure_btn, answer_text, arm_plot, regret_plot, lanes
 
 
-def _wire_generate(c: GenerateControls, a: GenerateAnswer, baselines: gr.State, record: gr.State,
+def _wire_generate(server: Server, c: GenerateControls, a: GenerateAnswer, baselines: gr.State, record: gr.State,
                    concurrency: int) -> None:
     gen_inputs = [c.prompt, c.preset, c.drafters, c.policy, c.reward, c.gamma, c.max_new_tokens, c.temperature,
                   c.top_p, c.seed, c.full_info, c.cold, baselines]
@@ -238,37 +239,42 @@ def _wire_generate(c: GenerateControls, a: GenerateAnswer, baselines: gr.State, 
     # Run: the buttons say at once that something runs (no queue round trip), then the stream.
     busy = gr.on([c.run_btn.click, c.prompt.submit], _running, None, buttons, queue=False,
                  api_visibility="private", trigger_mode="once")
-    gen = busy.then(generate_view, gen_inputs, gen_outputs, api_name="generate", concurrency_limit=concurrency,
+    gen = busy.then(server.bind(generate_view), gen_inputs, gen_outputs, api_name="generate", concurrency_limit=concurrency,
                     api_description=f"Stream a generation from a prompt; {defaults.describe()}.",
                     concurrency_id="model", show_progress="full", show_progress_on=[a.tokens])
     # A refused request (gr.Error) ends the chain in the browser: give the buttons back there too.
     gen.failure(_idle, None, buttons, api_visibility="private", queue=False)
     after = gen.then(_idle, None, buttons, api_visibility="private", queue=False)
-    after = after.then(write_logs, record, [a.csv_btn, a.json_btn], api_visibility="private", queue=False)
+    after = after.then(server.bind(write_logs, server.files), record, [a.csv_btn, a.json_btn], api_visibility="private",
+                       queue=False)
     # Timing the target alone has its own limit (it never takes Generate's handlers) and waits in the model's line.
-    after.then(measure_baseline_stream, [record, baselines, a.auto_base], [a.stats, baselines], api_visibility="private",
-               concurrency_limit=1, concurrency_id="baseline", show_progress="minimal")
+    after.then(server.bind(measure_baseline_stream), [record, baselines, a.auto_base], [a.stats, baselines],
+               api_visibility="private", concurrency_limit=1, concurrency_id="baseline", show_progress="minimal")
     # Stop only signals the engine: the stream then ends on its own final frame and keeps the answer
     # (a gradio `cancels` would throw the frame away and reset the outputs).
-    c.stop_btn.click(stop_generation, None, None, api_visibility="private", queue=False)
-    a.measure_btn.click(measure_now, [record, baselines], [a.stats, baselines],
+    c.stop_btn.click(server.bind(stop_generation), None, None, api_visibility="private", queue=False)
+    a.measure_btn.click(server.bind(measure_now), [record, baselines], [a.stats, baselines],
                         api_visibility="private", concurrency_limit=1, concurrency_id="baseline")
     a.show_rejected.change(None, a.show_rejected, None, js=(
         "(v) => { const t = document.getElementById('tokens'); t.classList.toggle('rej-inline', v === 'inline'); "
         "t.classList.toggle('hide-rejected', v === 'hidden'); }"))
     c.policy.change(_policy_info, c.policy, c.policy_help, api_visibility="private", queue=False)
-    c.preset.change(on_preset, c.preset, [c.drafters, c.policy, c.gamma], api_visibility="private",
+    c.preset.change(server.bind(on_preset), c.preset, [c.drafters, c.policy, c.gamma], api_visibility="private",
                     concurrency_limit=1, concurrency_id="load")
 
 
 # ----------------------------------------------------------------------------------------------
 # Compare
 
-# Compare's lanes grid opens a prompt's run in Replay: the grid is built in Compare, the link wired in Replay.
-_LINKS: dict[str, Any] = {}
+@dataclass
+class GridLink:
+    """Compare's lanes grid opens a prompt's run in Replay: the grid is built in Compare, the link wired in Replay."""
+
+    grid: gr.DataFrame
+    runs: gr.State
 
 
-def build_compare_tab(preset0: str) -> None:
+def build_compare_tab(server: Server, preset0: str) -> GridLink:
     """The Compare tab: one prompt side by side, and a prompt set by drafter and task."""
     with gr.Tab("Compare", id="compare"):
         gr.Markdown(text.COMPARE_INTRO, elem_classes="compact-md")
@@ -285,16 +291,18 @@ def build_compare_tab(preset0: str) -> None:
             c_bars = gr.Plot(viz.empty_figure("Speed-up over the target alone", "compare to see the bars"),
                              show_label=False)
             c_views = gr.HTML(js_on_load=None)
-            c_btn.click(compare_prompt, [c_prompt, c_preset, c_policy, c_tokens], [c_table, c_views, c_bars],
+            c_btn.click(server.bind(compare_prompt), [c_prompt, c_preset, c_policy, c_tokens], [c_table, c_views, c_bars],
                         api_name="compare", concurrency_limit=1, concurrency_id="compare")
         with gr.Accordion("A prompt set: acceptance by drafter and task", open=True):
-            s_per = _prompt_set(c_preset, c_policy, c_tokens)
+            s_per, link = _prompt_set(server, c_preset, c_policy, c_tokens)
     take_as_sent(c_tokens, s_per)
+    return link
 
 
-def _prompt_set(c_preset: gr.Dropdown, c_policy: gr.Dropdown, c_tokens: gr.Slider) -> gr.Slider:
+def _prompt_set(server: Server, c_preset: gr.Dropdown, c_policy: gr.Dropdown,
+                c_tokens: gr.Slider) -> tuple[gr.Slider, GridLink]:
     """The prompt-set part of Compare (it shares the preset, policy and token settings); returns its
-    per-category slider."""
+    per-category slider and its lanes grid's link to Replay."""
     with gr.Row():
         s_source = gr.Radio([("built-in examples", "examples"), ("uploaded JSONL", "upload")], value="examples",
                             label="Prompts")
@@ -315,19 +323,19 @@ def _prompt_set(c_preset: gr.Dropdown, c_policy: gr.Dropdown, c_tokens: gr.Slide
     s_grid = gr.DataFrame(viz.lane_grid([], []), label=f"Drafter lanes by prompt ({viz.LANE_GRID_NOTE})",
                           interactive=False, elem_id="lane-grid", max_height=360)
     s_runs = gr.State([])
-    _LINKS.update(grid=s_grid, runs=s_runs)
-    s_btn.click(compare_set, [s_source, s_file, s_per, c_preset, c_policy, c_tokens],
+    s_btn.click(server.bind(compare_set), [s_source, s_file, s_per, c_preset, c_policy, c_tokens],
                 [s_heat, s_bars, s_table, s_csv, s_grid, s_runs],
                 api_name="compare_set", concurrency_limit=1, concurrency_id="compare")
-    s_cancel.click(cancel_compare, None, None, api_visibility="private", queue=False)
-    return s_per
+    s_cancel.click(server.bind(cancel_compare), None, None, api_visibility="private", queue=False)
+    return s_per, GridLink(s_grid, s_runs)
 
 
 # ----------------------------------------------------------------------------------------------
 # Replay
 
 
-def build_replay_tab(demo: gr.Blocks, tabs: gr.Tabs, drafters0: list[str]) -> None:
+def build_replay_tab(server: Server, demo: gr.Blocks, tabs: gr.Tabs, drafters0: list[str],
+                     link: GridLink | None = None) -> None:
     """The Replay tab: recorded runs played at any speed or stepped through; `?run=<name>` opens one."""
     with gr.Tab("Replay", id="replay"):
         gr.Markdown(text.REPLAY_INTRO, elem_classes="compact-md")
@@ -357,16 +365,16 @@ def build_replay_tab(demo: gr.Blocks, tabs: gr.Tabs, drafters0: list[str]) -> No
                 r_table = gr.DataFrame(viz.drafter_table([], drafters0), label="Per drafter", interactive=False)
         r_outputs = outputs({"tokens": r_tokens, "arms": r_arm, "regret": r_regret, "stats": r_stats,
                              "table": r_table, "text": r_text, "lanes": r_lanes}, REPLAY_FIELDS)
-        played = r_play.click(replay_view, [r_file, r_name, r_speed], r_outputs, api_name="replay",
+        played = r_play.click(server.bind(replay_view), [r_file, r_name, r_speed], r_outputs, api_name="replay",
                               concurrency_limit=8, concurrency_id="replay", show_progress="hidden")
-        played.then(replay_rounds, [r_file, r_name], r_round, api_visibility="private", queue=False)
-        r_stop.click(stop_replay, None, None, api_visibility="private", queue=False)
+        played.then(server.bind(replay_rounds), [r_file, r_name], r_round, api_visibility="private", queue=False)
+        r_stop.click(server.bind(stop_replay), None, None, api_visibility="private", queue=False)
         # Dragging or typing a round: the latest position wins, the others are dropped on the way.
-        r_round.input(replay_at, [r_file, r_name, r_round], r_outputs, api_visibility="private",
+        r_round.input(server.bind(replay_at), [r_file, r_name, r_round], r_outputs, api_visibility="private",
                       concurrency_limit=8, concurrency_id="replay", trigger_mode="always_last", show_progress="hidden")
         demo.load(open_link, None, [tabs, r_name], api_visibility="private", queue=False)
-        if "grid" in _LINKS:  # a click on a cell of Compare's lanes grid: that prompt's run, here, with its lanes
-            _LINKS["grid"].select(open_grid_run, _LINKS["runs"], [tabs, r_file, r_round, *r_outputs],
+        if link is not None:  # a click on a cell of Compare's lanes grid: that prompt's run, here, with its lanes
+            link.grid.select(server.bind(open_grid_run), link.runs, [tabs, r_file, r_round, *r_outputs],
                                   api_visibility="private", concurrency_limit=8, concurrency_id="replay")
     take_as_sent(r_speed, r_round)
 
@@ -375,7 +383,7 @@ def build_replay_tab(demo: gr.Blocks, tabs: gr.Tabs, drafters0: list[str]) -> No
 # Bandit playground
 
 
-def build_playground_tab(demo: gr.Blocks) -> None:
+def build_playground_tab(server: Server, demo: gr.Blocks) -> None:
     """The Bandit playground: policies on synthetic drafters, no model; it runs once when the page loads."""
     with gr.Tab("Bandit playground", id="playground"):
         with gr.Row(equal_height=False):
@@ -406,7 +414,7 @@ def build_playground_tab(demo: gr.Blocks) -> None:
         p_outputs = [p_probs, p_regret, p_summary, p_values]
         # One simulation at a time (it shares the CPU with Generate). A page load queues nothing: the default
         # simulation is computed once per server and sent with the page (playground_default).
-        p_btn.click(run_playground, p_inputs, p_outputs, api_name="playground", concurrency_limit=1,
+        p_btn.click(server.bind(run_playground), p_inputs, p_outputs, api_name="playground", concurrency_limit=1,
                     concurrency_id="playground")
-        demo.load(playground_default, None, p_outputs, api_visibility="private", queue=False)
+        demo.load(server.bind(playground_default), None, p_outputs, api_visibility="private", queue=False)
     take_as_sent(p_gamma, p_rounds, p_spread, p_seed)
