@@ -7,6 +7,7 @@ import copy
 import pytest
 import torch
 from torch import nn
+from transformers import DynamicCache
 
 from metasd import run, target_greedy
 from metasd.models import cpu_linear
@@ -44,10 +45,11 @@ def test_default_kernels_compute_as_the_unpacked_layers_and_only_within():
     n = pack_linears(packed)
     assert n > 0, "nothing packed (METASD_PACKED_LINEAR=0?): this test would check nothing"
     calls = []
-    for m in packed.modules():
-        if isinstance(m, PackedLinear):
-            op = m._op
-            m._op = lambda *a, _op=op: calls.append(1) or _op(*a)
+    fused = [m._gate_up for m in packed.modules() if "_gate_up" in m.__dict__]
+    for m in [*(m for m in packed.modules() if isinstance(m, PackedLinear)), *fused]:
+        op = m._op
+        m._op = lambda *a, _op=op: calls.append(1) or _op(*a)
+    per_pass = n - len(fused)  # a fused MLP makes one product of its gate and up projections' two
     ids = torch.randint(0, 64, (1, 9), generator=torch.Generator().manual_seed(1))
     with torch.no_grad():
         with cpu_linear.default_kernels(packed) as switched:
@@ -55,17 +57,61 @@ def test_default_kernels_compute_as_the_unpacked_layers_and_only_within():
         assert switched == n and not calls
         assert torch.equal(inside, plain(ids).logits)
         packed(ids)
-        assert len(calls) == n
+        assert len(calls) == per_pass
         with pytest.raises(RuntimeError), cpu_linear.default_kernels(packed):
             with cpu_linear.default_kernels(packed):
                 pass
             packed(ids)  # the inner one ended: the outer one still holds
-            assert len(calls) == n
+            assert len(calls) == per_pass
             raise RuntimeError("a run that fails inside")
         packed(ids)
-        assert len(calls) == 2 * n
+        assert len(calls) == 2 * per_pass
     with cpu_linear.default_kernels(plain) as switched:
         assert switched == 0  # nothing packed: nothing to switch
+
+
+def _fused(model: nn.Module) -> tuple[int, int]:
+    """(MLPs whose gate and up projections are one product, RMSNorms computed by torch's fused op)."""
+    f = [m.__dict__["forward"].__func__ for m in model.modules() if "forward" in m.__dict__]
+    return f.count(cpu_linear._mlp_forward), f.count(cpu_linear._rms_forward)
+
+
+def test_fused_layers_give_the_unfused_bits_and_fewer_calls():
+    """Packing also fuses each MLP's gate and up projections into one product and each RMSNorm into one op, where
+    a probe gives the same bits: the logits are bitwise those of the packed, unfused model for 1 to 9 ids on a
+    cache, a deep copy stays fused, and unpacking undoes it."""
+    model = tiny_llama(vocab=64, layers=3, hidden=64, seed=4)
+    pack_linears(model)
+    assert _fused(model) == (3, 2 * 3 + 1), "every MLP and every norm (two a layer, one final)"
+    unfused = copy.deepcopy(model)
+    assert _fused(unfused) == (3, 7) and cpu_linear.unfuse_layers(unfused) == 10 and _fused(unfused) == (0, 0)
+    ids = torch.randint(0, 64, (1, 24), generator=torch.Generator().manual_seed(2))
+    with torch.no_grad():
+        for k in (1, 2, 3, 5, 9):
+            a, b = DynamicCache(), DynamicCache()
+            model(ids[:, :12], past_key_values=a)
+            unfused(ids[:, :12], past_key_values=b)
+            assert torch.equal(model(ids[:, 12:12 + k], past_key_values=a).logits,
+                               unfused(ids[:, 12:12 + k], past_key_values=b).logits), k
+    assert unpack_linears(model) > 0 and _fused(model) == (0, 0)
+
+
+def test_fusion_is_refused_where_the_bits_would_change(monkeypatch):
+    monkeypatch.setattr(cpu_linear, "_same_bits", lambda *a: False)
+    model = tiny_llama(vocab=64, layers=2, hidden=64, seed=4)
+    assert pack_linears(model) > 0 and _fused(model) == (0, 0)
+
+
+def test_training_through_a_fused_mlp_reaches_its_own_weights():
+    """With gradients the fused layers compute as the plain ones do (the packed product has no backward): the
+    loss reaches the gate and up projections' weights."""
+    model = tiny_llama(vocab=64, layers=1, hidden=64, seed=6)
+    pack_linears(model)
+    mlp = next(m for m in model.modules() if "_gate_up" in m.__dict__)
+    mlp.gate_proj.weight.requires_grad_(True)
+    mlp.up_proj.weight.requires_grad_(True)
+    model(torch.randint(0, 64, (1, 8))).logits.sum().backward()
+    assert mlp.gate_proj.weight.grad is not None and mlp.up_proj.weight.grad.abs().sum() > 0
 
 
 def test_two_rows_are_padded_to_three_and_come_back_as_two(monkeypatch):
@@ -177,14 +223,14 @@ def test_the_benchmarks_default_kernel_yardstick_runs_the_target_unpacked():
     n = pack_linears(bundle.target)
     assert n > 0
     calls = []
-    for m in bundle.target.modules():
-        if isinstance(m, PackedLinear):
-            op = m._op
-            m._op = lambda *a, _op=op: calls.append(1) or _op(*a)
+    fused = [m._gate_up for m in bundle.target.modules() if "_gate_up" in m.__dict__]
+    for m in [*(m for m in bundle.target.modules() if isinstance(m, PackedLinear)), *fused]:
+        op = m._op
+        m._op = lambda *a, _op=op: calls.append(1) or _op(*a)
     base, default = parse_methods("baseline,baseline:default-kernels", bundle.drafter_names, list(bundle.models))
     prompt = list(range(3, 12))
     want = run_method(bundle, base, prompt, 10)
-    assert len(calls) >= n * 10
+    assert len(calls) >= (n - len(fused)) * 10  # a fused MLP: one product for two layers
     del calls[:]
     got = run_method(bundle, default, prompt, 10)
     assert not calls and got.token_ids == want.token_ids and got.target_calls == 0  # no counter given
