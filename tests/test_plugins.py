@@ -102,7 +102,7 @@ def test_drafters_command_lists_every_drafter_with_its_kind(capsys):
 
 
 @pytest.mark.offline_model
-def test_cli_loads_operator_plugins_and_generates_with_them():
+def test_cli_loads_operator_plugins_and_generates_and_benchmarks_with_them(tmp_path):
     rows = json.loads(_cli("drafters", "--json", plugins=PLUGIN).stdout)
     assert {"name": "echo-last", "kind": "model-free"}.items() <= rows[-1].items()
     out = _cli("generate", "List: 1, 1, 1, 1, 1, 1,", "--policy", "single:echo-last", "--max-new-tokens", "12",
@@ -110,5 +110,11 @@ def test_cli_loads_operator_plugins_and_generates_with_them():
     assert out.returncode == 0, out.stderr
     doc = json.loads(out.stdout)
     assert {r["drafter"] for r in doc["rounds"]} == {"echo-last"}
+    (tmp_path / "p.jsonl").write_text('{"question_id": 1, "category": "qa", "turns": ["List: 1, 1, 1, 1,"]}\n',
+                                      encoding="utf-8")
+    bench = _cli("bench", "--prompts", str(tmp_path / "p.jsonl"), "--methods", "single:echo-last",
+                 "--max-new-tokens", "8", "--out", str(tmp_path / "out"), "--quiet", plugins=PLUGIN)
+    assert bench.returncode == 0, bench.stderr  # a researcher's own drafter, benchmarked like a preset's
+    assert "single:echo-last" in (tmp_path / "out" / "summary.md").read_text(encoding="utf-8")
     missing = _cli("drafters", plugins="metasd_no_such_plugin")
     assert missing.returncode == 2 and "could not import" in missing.stderr

@@ -48,6 +48,7 @@ from metasd.core.events import RoundEvent
 from metasd.core.validation import REWARDS, InvalidInput, clean_prompt, first_per_category, parse_prompt_set
 from metasd.decoding.engine import encode_prompt, run, target_greedy
 from metasd.decoding.loading import Bundle, load_bundle
+from metasd.drafting.registry import registered
 from metasd.models.cpu_linear import default_kernels, packed_count
 from metasd.models.presets import get_preset
 
@@ -492,8 +493,10 @@ def cmd_bench(a: argparse.Namespace) -> int:
     prompts = load_prompts(a.prompts, a.categories, a.per_category or None, a.spec_bench_tasks)
     # Fail fast on the preset's declared drafters (model-free kinds aside, every drafter is a model);
     # the loaded bundle decides in the end (a preset may leave out a drafter whose weights are missing).
+    # An operator's plugin drafters (METASD_PLUGINS, loaded by the CLI) join every preset's list.
     free = ("prompt-lookup", "token-recycling", "retrieval")
-    parse_methods(a.methods, preset.drafter_names, [d.name for d in preset.drafters if d.kind not in free], a.reward)
+    names = [*preset.drafter_names, *(n for n in registered() if n not in preset.drafter_names)]
+    parse_methods(a.methods, names, [d.name for d in preset.drafters if d.kind not in free], a.reward)
     if a.threads is not None:
         if a.threads < 1:
             raise InvalidInput(f"threads must be 1 or more, got {a.threads}")
