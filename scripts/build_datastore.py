@@ -11,6 +11,13 @@ followed by the separator 0xFFFF in `offline.npy`. `offline.json` records what w
 by metasd.drafting.retrieval.load_datastore to check that the datastore fits the target) and `offline.md` is its
 card. `--holdout N --holdout-out FILE.npy` also answers N further prompts (another seed) into FILE, a
 development set for tuning the drafter that is not part of the datastore.
+
+`--corpus DIR` adds the answers of a corpus folder's train shards (python -m metasd.training.corpus: the
+target's own greedy answers, their prompts already checked against Spec-Bench and the page's examples), and
+`--base FILE.npy --prompts 0` starts from an existing datastore's answers instead of answering prompts anew:
+
+    .venv/bin/python scripts/build_datastore.py --base assets/datastore/offline.npy --prompts 0 \
+        --corpus data/corpus --out /tmp/store/offline.npy
 """
 
 from __future__ import annotations
@@ -89,8 +96,8 @@ def pick_prompts(total: int, seed: int, near: NearMatch, exclude: set[str] = fro
         want = total - sum(round(total * DEFAULT_SHARES[x]) for x in domains[:-1]) if j == len(domains) - 1 \
             else round(total * DEFAULT_SHARES[d])
         got: list[str] = []
-        ask = want
-        while len(got) < want and ask < 8 * want + 64:
+        ask, dropped_d = want, 0
+        while want and len(got) < want and ask < 8 * want + 64:
             cand = domain_prompts(d, ask, seed)
             got = []
             dropped_d = 0
@@ -151,13 +158,33 @@ def pack(answers: list[list[int]]) -> np.ndarray:
     return arr.astype(np.uint16)
 
 
+def unpack(arr: np.ndarray) -> list[list[int]]:
+    """A datastore's answers, each without its separator."""
+    ends = np.flatnonzero(arr == SEPARATOR)
+    starts = np.concatenate(([0], ends[:-1] + 1))
+    return [arr[s:e].astype(np.int64).tolist() for s, e in zip(starts, ends, strict=True)]
+
+
+def corpus_answers(folder: Path) -> dict[str, list[list[int]]]:
+    """The answers of a corpus folder's finished train shards, by domain."""
+    from metasd.training.corpus import done_shards, read_shard, shard_path
+
+    out: dict[str, list[list[int]]] = {}
+    for i in done_shards(folder):
+        info = json.loads(shard_path(folder, i, "json").read_text(encoding="utf-8"))
+        if info["split"] == "train":
+            out.setdefault(info["domain"], []).extend(answer for _, answer in read_shard(folder, i))
+    return out
+
+
 def write_card(meta: dict, path: Path) -> None:
     dom = ", ".join(f"{n} {d}" for d, n in meta["domains"].items())
     lines = [
         "# Retrieval datastore: offline preset", "",
-        f"Token ids of {meta['target']}'s own greedy answers to {meta['documents']:,} templated training prompts "
-        f"({dom}; metasd/training/train_data.py, seed {meta['seed']}), "
-        "read by the `retrieval` drafter (metasd/drafting/retrieval.py).", "",
+        f"Token ids of {meta['target']}'s own greedy answers to {meta['documents']:,} training prompts "
+        f"({dom}; metasd/training/train_data.py's templates, seed {meta['seed']}"
+        + (f"; {meta['corpus']['answers']:,} of them from the corpus {meta['corpus']['dir']}, its train shards"
+           if meta.get("corpus") else "") + "), read by the `retrieval` drafter (metasd/drafting/retrieval.py).", "",
         "## File", "",
         f"- `{meta['file']}`: {meta['bytes']:,} bytes, sha256 `{meta['sha256']}`",
         f"- {meta['tokens']:,} answer tokens (EOS included where the answer ended) in {meta['documents']:,} answers, "
@@ -192,6 +219,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--specbench", default=str(ROOT.parent / "shared" / "specbench" / "question.jsonl"))
     ap.add_argument("--holdout", type=int, default=0, help="further prompts (seed + 1000) for a development set")
     ap.add_argument("--holdout-out", help="where the development set's ids go (.npy, same format)")
+    ap.add_argument("--base", help="start from this datastore's answers (.npy; its .json beside it)")
+    ap.add_argument("--corpus", help="also store the answers of this corpus folder's train shards")
     a = ap.parse_args(argv)
     import platform
 
@@ -205,20 +234,33 @@ def main(argv: list[str] | None = None) -> int:
     chosen, dropped = pick_prompts(a.prompts, a.seed, near)
     print(f"[datastore] {len(chosen)} prompts ({dropped} near matches of benchmark prompts dropped)", file=sys.stderr)
     bundle = load_bundle("offline")
-    answers = answer(bundle, [p for _, p in chosen], a.max_new_tokens, a.batch_size, "target answers")
+    answers = answer(bundle, [p for _, p in chosen], a.max_new_tokens, a.batch_size, "target answers") if chosen else []
+    base = json.loads(Path(a.base).with_suffix(".json").read_text(encoding="utf-8")) if a.base else {}
+    if a.base:
+        answers = unpack(np.load(a.base, allow_pickle=False)) + answers
+    corpus = corpus_answers(Path(a.corpus)) if a.corpus else {}
+    for rows in corpus.values():
+        answers += rows
     arr = pack(answers)
     out = Path(a.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     np.save(out, arr)
     data = out.read_bytes()
-    domains: dict[str, int] = {}
+    domains: dict[str, int] = dict(base.get("domains", {}))
     for d, _ in chosen:
         domains[d] = domains.get(d, 0) + 1
+    for d, rows in corpus.items():
+        domains[d] = domains.get(d, 0) + len(rows)
     meta = {
         "format": FORMAT, "file": out.name, "target": bundle.preset.target, "preset": bundle.preset.name,
         "target_vocab": bundle.target_vocab, "tokenizer_vocab": bundle.tokenizer_vocab, "eos_ids": sorted(bundle.eos_ids),
         "separator": SEPARATOR, "documents": len(answers), "tokens": int(sum(len(x) for x in answers)),
-        "domains": domains, "seed": a.seed, "prompts_considered": len(chosen) + dropped, "dropped_near_matches": dropped,
+        "domains": domains, "seed": a.seed,
+        "prompts_considered": len(chosen) + dropped + base.get("prompts_considered", 0),
+        "dropped_near_matches": dropped + base.get("dropped_near_matches", 0),
+        "corpus": {"dir": a.corpus, "answers": sum(map(len, corpus.values())),
+                   "tokens": sum(len(r) for rows in corpus.values() for r in rows)} if a.corpus else None,
+        "base": {"file": a.base, "sha256": base.get("sha256"), "documents": base.get("documents")} if a.base else None,
         "max_new_tokens": a.max_new_tokens, "batch_size": a.batch_size, "torch_threads": a.threads,
         "seconds": round(time.perf_counter() - t0, 1), "bytes": len(data), "sha256": hashlib.sha256(data).hexdigest(),
         "created": datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC"),

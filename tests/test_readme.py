@@ -32,7 +32,7 @@ CLI_TIMEOUT_S = 180
 COVERED = {("make", "run"), ("make", "test"), ("metasd", "generate"), ("metasd", "bench"), ("metasd", "drafters"),
            ("metasd", "replay"), ("metasd", "priors"), ("metasd", "config"), ("metasd.training.train", None),
            ("metasd.training.corpus", None), ("scripts/load_users.py", None), ("scripts/ab_bench.py", None),
-           ("scripts/measure_page_examples.py", None)}
+           ("scripts/measure_page_examples.py", None), ("scripts/build_datastore.py", None)}
 
 # Files the README names that do not exist: none. An entry here would fail the test once the file
 # exists (or the README stops naming it), so the list cannot go stale.
@@ -484,6 +484,28 @@ def test_ab_bench_command():
     own = ok(run([program(cmd), "scripts/ab_bench.py", "--help"])).stdout + help_text("metasd", "bench")
     missing = [f for f in flags(cmd) if not re.search(rf"(?<![\w-]){re.escape(f)}(?![\w-])", own)]
     assert not missing, missing
+
+
+@pytest.mark.offline_model
+@pytest.mark.timeout(CLI_TIMEOUT_S)
+def test_datastore_from_a_corpus_command(tmp_path):
+    """BENCHMARKS.md's datastore grown from a corpus: on a corpus folder of two answers (one train, one eval shard),
+    the shipped datastore's answers and the train shard's are stored, nothing answered anew, the card says so."""
+    from metasd.training.corpus import write_shard
+
+    (cmd,) = commands_of(("scripts/build_datastore.py", None), "benchmarks")
+    corpus = tmp_path / "corpus"
+    corpus.mkdir()
+    write_shard(corpus, 0, [([1, 2, 3], [40, 41, 2]), ([4, 5], [50, 51, 52])], {"domain": "qa", "split": "train"})
+    write_shard(corpus, 1, [([6], [60, 2])], {"domain": "qa", "split": "eval"})
+    argv = [a.replace("data/corpus", str(corpus)).replace("/tmp/store", str(tmp_path / "store"))
+            for a in shlex.split(cmd)[1:]]
+    ok(run([program(cmd), *argv]))
+    meta = json.loads((tmp_path / "store" / "offline.json").read_text(encoding="utf-8"))
+    shipped = json.loads((ROOT / "assets" / "datastore" / "offline.json").read_text(encoding="utf-8"))
+    assert meta["documents"] == shipped["documents"] + 2 and meta["tokens"] == shipped["tokens"] + 6
+    assert meta["corpus"]["answers"] == 2 and meta["domains"]["qa"] == 2 and meta["prompts_considered"] == 512
+    assert "2 of them from the corpus" in (tmp_path / "store" / "offline.md").read_text(encoding="utf-8")
 
 
 @pytest.mark.timeout(CLI_TIMEOUT_S)
