@@ -21,16 +21,16 @@ from pathlib import Path
 
 import torch
 from tqdm import tqdm
-from transformers import DynamicCache
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from metasd.core.kvcache import new_cache  # noqa: E402
 from metasd.decoding.loading import load_causal_lm, offline_target_dir  # noqa: E402
 from metasd.models.cpu_linear import ENV, pack_linears  # noqa: E402
 
 
 def forward_ms(model, ids: torch.Tensor, context: int, k: int) -> tuple[float, torch.Tensor]:
-    cache = DynamicCache()
+    cache = new_cache()  # the engine's kind of cache (metasd/core/kvcache.py)
     with torch.no_grad():
         model(input_ids=ids[:, :context], past_key_values=cache, use_cache=True, logits_to_keep=1)
         t = time.perf_counter()

@@ -75,11 +75,11 @@ def save_costs(preset: str, c: dict[str, float], detail: dict[str, Any]) -> None
 @torch.inference_mode()
 def target_step_ms(bundle, ctx: int = 200, steps: int = 8) -> float:
     """Median time of one single-token target step with `ctx` tokens in its cache."""
-    from transformers import DynamicCache  # here: listing drafters needs no transformers (a fast `drafters`)
+    from metasd.core.kvcache import new_cache  # here: listing drafters needs no transformers (a fast `drafters`)
 
     m = bundle.target
     ids = torch.randint(0, bundle.tokenizer_vocab, (1, ctx + steps), device=bundle.device)
-    cache = DynamicCache(config=m.config)
+    cache = new_cache(m.config)
     m(input_ids=ids[:, :ctx], past_key_values=cache, use_cache=True, logits_to_keep=1)
     times = []
     for i in range(steps):

@@ -24,6 +24,7 @@ from metasd.bandits.policies import Choice, make_policy
 from metasd.bandits.priors import Priors, load_priors
 from metasd.core.costs import EXTRA_ID_PRIOR, EXTRA_ID_PRIOR_PACKED, VerifyCost, best_length, expected_accepted, reward
 from metasd.core.events import Event, RoundEvent, Summary
+from metasd.core.kvcache import new_cache
 from metasd.core.passes import DraftPart, VerifyPart, crop_to, forward_alone
 from metasd.core.sampling import Sampling, Verdict, verify, warp
 from metasd.core.validation import InvalidInput, Settings, clean_prompt, validate_settings
@@ -156,7 +157,8 @@ class Request:
         self.ledger = Ledger(self.names)
         self.events = EventBuilder(bundle.tokenizer)
         self.ids = list(prompt_ids)
-        self.cache = DynamicCache(config=bundle.target.config)
+        # Room for the longest context this request can reach: its cache never moves (metasd/core/kvcache.py).
+        self.cache = new_cache(bundle.target.config, len(prompt_ids) + st.max_new_tokens + st.gamma + 1)
         # Kept prompt passes, lent by a server's shared rounds: this request keeps its own pass there, and takes a
         # kept one only with `prefix_reuse` (in company: a run alone is timed as it runs, for a fair speed-up).
         self.prefixes: PrefixStore | None = None
@@ -517,8 +519,10 @@ def collect(events: Iterator[Event]) -> tuple[list[RoundEvent], Summary]:
 def target_greedy(bundle: Bundle, prompt_ids: list[int], max_new_tokens: int, **hf_options: Any) -> list[int]:
     """The target's own greedy decoding through transformers `generate`: the reference. `hf_options`
     reach `generate` (the benchmark's transformers methods: prompt lookup, assisted generation) with
-    the same stopping rule."""
+    the same stopping rule. Its KV cache is the engine's own kind (metasd/core/kvcache.py): a speed-up compares
+    drafting, not two ways of keeping a cache."""
     inp = torch.tensor([prompt_ids], device=bundle.device)
+    hf_options.setdefault("past_key_values", new_cache(bundle.target.config, len(prompt_ids) + max_new_tokens + 1))
     eos = sorted(bundle.eos_ids)
     out = bundle.target.generate(inp, attention_mask=torch.ones_like(inp), do_sample=False,
                                  max_new_tokens=max_new_tokens, eos_token_id=eos or None,

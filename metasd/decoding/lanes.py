@@ -85,10 +85,10 @@ class TargetPass:
     the answer's positions and of the prompt rows the drafters seed from."""
 
     def __init__(self, bundle: Bundle, ids: list[int], n_prompt: int, seed_rows: int, hidden: bool) -> None:
-        from transformers import DynamicCache
+        from metasd.core.kvcache import new_cache
 
         self.ids, self.n_prompt = ids, n_prompt
-        self.cache = DynamicCache(config=bundle.target.config)
+        self.cache = new_cache(bundle.target.config)
         # Rows kept: the answer's positions and up to seed_rows before them (row t predicts ids[t + 1]).
         self.keep = min(len(ids) - 1, len(ids) - n_prompt + seed_rows)
         out = bundle.target(input_ids=torch.tensor([ids[:-1]], device=bundle.device), past_key_values=self.cache,

@@ -21,6 +21,8 @@ import torch
 from transformers import DynamicCache
 from transformers.cache_utils import DynamicLayer
 
+from metasd.core.kvcache import ReservedLayer
+
 
 @dataclass(frozen=True)
 class Prefix:
@@ -54,7 +56,7 @@ class PrefixStore:
     @staticmethod
     def fits(cache: DynamicCache) -> bool:
         """Whether `cache` is one this store can fill and keep: plain growing layers (no sliding windows)."""
-        return all(type(lay) is DynamicLayer for lay in cache.layers)
+        return all(type(lay) in (DynamicLayer, ReservedLayer) for lay in cache.layers)
 
     def take(self, ids: list[int], keep: int, cache: DynamicCache) -> torch.Tensor | None:
         """Fill the empty `cache` with the kept pass over `ids` and return its logits ([keep, vocab]); None

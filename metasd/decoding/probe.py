@@ -13,8 +13,8 @@ from __future__ import annotations
 import time
 
 import torch
-from transformers import DynamicCache
 
+from metasd.core.kvcache import new_cache
 from metasd.core.passes import crop_to
 
 # Id counts probed: every count of a default chain (gamma 4-5: up to 6 ids) and a tree's budget, then
@@ -34,7 +34,7 @@ def verify_profile(model: torch.nn.Module, counts: tuple[int, ...] = PROBE_IDS, 
     ids = torch.randint(0, vocab, (1, CONTEXT + max(counts)), generator=g).to(dev)
     best = {n: float("inf") for n in counts}
     with torch.no_grad():
-        cache = DynamicCache(config=model.config)
+        cache = new_cache(model.config)
         model(input_ids=ids[:, :CONTEXT], past_key_values=cache, use_cache=True, logits_to_keep=1)
         for rep in range(repeats + 1):  # the first sweep warms the kernels for every shape: not kept
             for n in counts:

@@ -33,6 +33,7 @@ from dataclasses import dataclass, field
 import torch
 from transformers import DynamicCache
 
+from metasd.core.kvcache import ReservedLayer
 from metasd.core.passes import crop_to
 from metasd.core.sampling import Sampling, warp
 
@@ -182,7 +183,8 @@ def forward_tree(model: torch.nn.Module, cache: DynamicCache, last_id: int, tree
 
 def keep_rows(cache: DynamicCache, past: int, rows: Sequence[int]) -> None:
     """Keep the cached positions before `past` and, after them, only the pass's `rows` (in order).
-    New tensors are built (never written in place): a layer-skip drafter may hold the old ones. When the
+    Our own layers (ReservedLayer) move the rows in place unless a layer-skip drafter holds those positions;
+    others get new tensors (never written in place: such a drafter may hold the old ones). When the
     rows are the pass's first ones (the kept path is the lead's branch, numbered first) a crop does it."""
     if list(rows) == list(range(len(rows))):
         crop_to(cache, past + len(rows))
@@ -192,6 +194,9 @@ def keep_rows(cache: DynamicCache, past: int, rows: Sequence[int]) -> None:
         if not getattr(layer, "is_initialized", True) or layer.keys is None or layer.keys.numel() == 0:
             continue
         i = idx.to(layer.keys.device)
+        if isinstance(layer, ReservedLayer):  # in place where no copy reads those positions (metasd/core/kvcache.py)
+            layer.keep_rows(past, i)
+            continue
         layer.keys = torch.cat([layer.keys[:, :, :past], layer.keys.index_select(2, i)], dim=2)
         layer.values = torch.cat([layer.values[:, :, :past], layer.values.index_select(2, i)], dim=2)
 

@@ -17,6 +17,7 @@ import numpy as np
 import torch
 from transformers import DynamicCache, PreTrainedModel
 
+from metasd.core.kvcache import new_cache
 from metasd.core.passes import DraftPart, VerifyPart, crop_to, forward_alone, solo
 from metasd.core.sampling import Sampling, sample_or_argmax, warp
 from metasd.drafting.registry import register_kind
@@ -367,7 +368,7 @@ class ModelDrafter(Drafter):
         self.reset([])
 
     def reset(self, prompt_ids: list[int]) -> None:
-        self.cache = DynamicCache(config=self.model.config)
+        self.cache = new_cache(self.model.config)
         self.cached: list[int] = []  # the token ids whose keys/values are in self.cache
         self.offset = 0  # ...which are ids[offset : offset + len(cached)] (0 unless windowed)
 
@@ -390,10 +391,10 @@ class ModelDrafter(Drafter):
 
         A self-drafter running the target's first L layers computes exactly the target's keys
         and values in those layers, so it never needs to catch up: its cache starts as shallow
-        copies of the target's layer objects (DynamicCache appends by building new tensors and
-        crops by slicing, so neither cache ever writes into the other's tensors).
+        copies of the target's layer objects (metasd/core/kvcache.py: a copy never writes into the buffers
+        it shares, and the target moves to buffers of its own before writing over positions a copy holds).
         """
-        cache = DynamicCache(config=self.model.config)
+        cache = new_cache(self.model.config)
         for i in range(self.shared_layers):
             cache.layers[i] = copy.copy(target_cache.layers[i])
         self.cache = cache

@@ -30,11 +30,11 @@ from typing import Any, Protocol
 
 import torch
 import torch.nn.functional as F
-from transformers import DynamicCache
 from transformers.masking_utils import create_causal_mask
 from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
 
 from metasd.core.events import RoundEvent
+from metasd.core.kvcache import new_cache
 from metasd.core.passes import DraftPart, VerifyPart, crop_to, forward_alone
 from metasd.decoding.prefix import PrefixStore
 from metasd.models.cpu_linear import rows_agree
@@ -215,7 +215,7 @@ def check_shared_pass(model: torch.nn.Module, block: int = 0, seed: int = 0) -> 
     feeds = [torch.randint(0, vocab, (d + 1,), generator=g).tolist() for _, d in shapes]
     caches = []
     for ctx in contexts:
-        c = DynamicCache(config=model.config)
+        c = new_cache(model.config)
         model(input_ids=torch.tensor([ctx], device=dev), past_key_values=c, use_cache=True)
         caches.append(c)
 
@@ -278,7 +278,7 @@ def measure_pass_cost(model: torch.nn.Module, rows: int, requests: tuple[int, ..
     """Time one shared pass (verify_together) for each number of requests, every request `rows` ids after
     `context` ids of its own cache: the batch bound's cost model. The first pass warms the kernels up."""
     dev = next(model.parameters()).device
-    base = DynamicCache()
+    base = new_cache()
     model(input_ids=torch.arange(1, context + 1, device=dev).view(1, -1), past_key_values=base, use_cache=True)
     caches = [deepcopy(base) for _ in range(max(requests))]
     ids = list(range(context + 1, context + 1 + rows))
