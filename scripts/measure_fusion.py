@@ -1,6 +1,7 @@
 """What the fused layers save (metasd/models/cpu_linear.py, fuse_layers): one verification pass of the offline
-target with its MLPs' gate and up projections as one product and its RMSNorms as one op, against the same model
-computing them unfused. The same loaded model is switched between the modes (no second copy in memory, so
+target with its MLPs' gate and up projections as one product, its attention's query, key and value projections as
+one product and its RMSNorms as one op, each kind alone and together, against the same model computing them
+unfused. The same loaded model is switched between the modes (no second copy in memory, so
 memory placement cannot tilt the comparison), the modes interleaved, the median of --repeats kept; the logits of
 every mode are checked bitwise against the unfused ones first.
 
@@ -25,14 +26,15 @@ from measure_verify import forward_ms  # noqa: E402
 from metasd.decoding.loading import load_causal_lm, offline_target_dir  # noqa: E402
 from metasd.models import cpu_linear  # noqa: E402
 
-MODES = ("unfused", "norms", "mlp", "both")
+# A mode names the kinds of fused module that compute fused in it ("all": every kind).
+KINDS = {cpu_linear._rms_forward: "norms", cpu_linear._mlp_forward: "mlp", cpu_linear._attention_forward: "attention"}
+MODES = ("unfused", "norms", "mlp", "attention", "mlp+norms", "all")
 
 
 def switch(fused: dict, mode: str) -> None:
     """Put back or take away each fused module's forward (its instance attribute) for `mode`."""
     for module, forward in fused.items():
-        mlp = forward.__func__ is cpu_linear._mlp_forward
-        if mode == "both" or (mode == "mlp" and mlp) or (mode == "norms" and not mlp):
+        if mode == "all" or KINDS[forward.__func__] in mode.split("+"):
             module.__dict__["forward"] = forward
         else:
             module.__dict__.pop("forward", None)
@@ -64,10 +66,10 @@ def main() -> None:
             for mode in MODES:
                 switch(fused, mode)
                 times.setdefault((mode, k), []).append(forward_ms(model, ids, a.context, k)[0])
-    switch(fused, "both")
-    print(f"{sum(f.__func__ is cpu_linear._mlp_forward for f in fused.values())} MLPs and "
-          f"{sum(f.__func__ is cpu_linear._rms_forward for f in fused.values())} norms fused; logits bitwise equal")
-    print("| ids | " + " | ".join(f"{m} (ms)" for m in MODES) + " | both / unfused |")
+    switch(fused, "all")
+    counts = {kind: sum(KINDS[f.__func__] == kind for f in fused.values()) for kind in KINDS.values()}
+    print(", ".join(f"{n} {kind}" for kind, n in counts.items()) + " fused; logits bitwise equal")
+    print("| ids | " + " | ".join(f"{m} (ms)" for m in MODES) + " | all / unfused |")
     print("|---:|" + "---:|" * (len(MODES) + 1))
     for k in ks:
         ms = [statistics.median(times[(m, k)]) for m in MODES]

@@ -45,11 +45,14 @@ def test_default_kernels_compute_as_the_unpacked_layers_and_only_within():
     n = pack_linears(packed)
     assert n > 0, "nothing packed (METASD_PACKED_LINEAR=0?): this test would check nothing"
     calls = []
-    fused = [m._gate_up for m in packed.modules() if "_gate_up" in m.__dict__]
-    for m in [*(m for m in packed.modules() if isinstance(m, PackedLinear)), *fused]:
+    mlps = [m._gate_up for m in packed.modules() if "_gate_up" in m.__dict__]
+    attns = [m._qkv for m in packed.modules() if "_qkv" in m.__dict__]
+    for m in [*(m for m in packed.modules() if isinstance(m, PackedLinear)), *mlps, *attns]:
         op = m._op
         m._op = lambda *a, _op=op: calls.append(1) or _op(*a)
-    per_pass = n - len(fused)  # a fused MLP makes one product of its gate and up projections' two
+    # A fused MLP makes one product of its gate and up projections' two, a fused attention one of three.
+    per_pass = n - len(mlps) - 2 * len(attns)
+    assert mlps and attns
     ids = torch.randint(0, 64, (1, 9), generator=torch.Generator().manual_seed(1))
     with torch.no_grad():
         with cpu_linear.default_kernels(packed) as switched:
@@ -70,21 +73,23 @@ def test_default_kernels_compute_as_the_unpacked_layers_and_only_within():
         assert switched == 0  # nothing packed: nothing to switch
 
 
-def _fused(model: nn.Module) -> tuple[int, int]:
-    """(MLPs whose gate and up projections are one product, RMSNorms computed by torch's fused op)."""
+def _fused(model: nn.Module) -> tuple[int, int, int]:
+    """(MLPs whose gate and up projections are one product, attentions whose query, key and value projections
+    are one, RMSNorms computed by torch's fused op)."""
     f = [m.__dict__["forward"].__func__ for m in model.modules() if "forward" in m.__dict__]
-    return f.count(cpu_linear._mlp_forward), f.count(cpu_linear._rms_forward)
+    return f.count(cpu_linear._mlp_forward), f.count(cpu_linear._attention_forward), f.count(cpu_linear._rms_forward)
 
 
 def test_fused_layers_give_the_unfused_bits_and_fewer_calls():
-    """Packing also fuses each MLP's gate and up projections into one product and each RMSNorm into one op, where
-    a probe gives the same bits: the logits are bitwise those of the packed, unfused model for 1 to 9 ids on a
-    cache, a deep copy stays fused, and unpacking undoes it."""
+    """Packing also fuses each MLP's gate and up projections into one product, each attention's query, key and
+    value projections into one, and each RMSNorm into one op, where a probe gives the same bits: the logits are
+    bitwise those of the packed, unfused model for 1 to 9 ids on a cache, a deep copy stays fused, and unpacking
+    undoes it."""
     model = tiny_llama(vocab=64, layers=3, hidden=64, seed=4)
     pack_linears(model)
-    assert _fused(model) == (3, 2 * 3 + 1), "every MLP and every norm (two a layer, one final)"
+    assert _fused(model) == (3, 3, 2 * 3 + 1), "every MLP, attention and norm (two a layer, one final)"
     unfused = copy.deepcopy(model)
-    assert _fused(unfused) == (3, 7) and cpu_linear.unfuse_layers(unfused) == 10 and _fused(unfused) == (0, 0)
+    assert _fused(unfused) == (3, 3, 7) and cpu_linear.unfuse_layers(unfused) == 13 and _fused(unfused) == (0, 0, 0)
     ids = torch.randint(0, 64, (1, 24), generator=torch.Generator().manual_seed(2))
     with torch.no_grad():
         for k in (1, 2, 3, 5, 9):
@@ -93,13 +98,39 @@ def test_fused_layers_give_the_unfused_bits_and_fewer_calls():
             unfused(ids[:, :12], past_key_values=b)
             assert torch.equal(model(ids[:, 12:12 + k], past_key_values=a).logits,
                                unfused(ids[:, 12:12 + k], past_key_values=b).logits), k
-    assert unpack_linears(model) > 0 and _fused(model) == (0, 0)
+    assert unpack_linears(model) > 0 and _fused(model) == (0, 0, 0)
 
 
 def test_fusion_is_refused_where_the_bits_would_change(monkeypatch):
     monkeypatch.setattr(cpu_linear, "_same_bits", lambda *a: False)
+    monkeypatch.setattr(cpu_linear, "_same_attention", lambda *a: False)
     model = tiny_llama(vocab=64, layers=2, hidden=64, seed=4)
-    assert pack_linears(model) > 0 and _fused(model) == (0, 0)
+    assert pack_linears(model) > 0 and _fused(model) == (0, 0, 0)
+
+
+def test_an_attention_that_computes_otherwise_is_not_fused(monkeypatch):
+    """The attention probe runs the module's own forward against the fused one: an attention class with a step of
+    its own (here a last-bit change of its output, as a norm on the keys would make) keeps its own forward."""
+    model = tiny_llama(vocab=64, layers=2, hidden=64, seed=4)
+    attn_cls = type(model.model.layers[0].self_attn)
+    own = attn_cls.forward
+
+    def otherwise(self, *a, **k):
+        out, w = own(self, *a, **k)
+        return out * (1 + 2 ** -20), w
+
+    monkeypatch.setattr(attn_cls, "forward", otherwise)
+    assert pack_linears(model) > 0 and _fused(model) == (2, 0, 5)
+
+
+def test_training_through_a_fused_attention_reaches_its_own_weights():
+    model = tiny_llama(vocab=64, layers=1, hidden=64, seed=6)
+    pack_linears(model)
+    attn = next(m for m in model.modules() if "_qkv" in m.__dict__)
+    for p in (attn.q_proj, attn.k_proj, attn.v_proj):
+        p.weight.requires_grad_(True)
+    model(torch.randint(0, 64, (1, 8))).logits.sum().backward()
+    assert all(p.weight.grad is not None and p.weight.grad.abs().sum() > 0 for p in (attn.q_proj, attn.k_proj, attn.v_proj))
 
 
 def test_training_through_a_fused_mlp_reaches_its_own_weights():
@@ -223,14 +254,15 @@ def test_the_benchmarks_default_kernel_yardstick_runs_the_target_unpacked():
     n = pack_linears(bundle.target)
     assert n > 0
     calls = []
-    fused = [m._gate_up for m in bundle.target.modules() if "_gate_up" in m.__dict__]
-    for m in [*(m for m in bundle.target.modules() if isinstance(m, PackedLinear)), *fused]:
+    mlps = [m._gate_up for m in bundle.target.modules() if "_gate_up" in m.__dict__]
+    attns = [m._qkv for m in bundle.target.modules() if "_qkv" in m.__dict__]
+    for m in [*(m for m in bundle.target.modules() if isinstance(m, PackedLinear)), *mlps, *attns]:
         op = m._op
         m._op = lambda *a, _op=op: calls.append(1) or _op(*a)
     base, default = parse_methods("baseline,baseline:default-kernels", bundle.drafter_names, list(bundle.models))
     prompt = list(range(3, 12))
     want = run_method(bundle, base, prompt, 10)
-    assert len(calls) >= (n - len(fused)) * 10  # a fused MLP: one product for two layers
+    assert len(calls) >= (n - len(mlps) - 2 * len(attns)) * 10  # fused: one product for two or three layers
     del calls[:]
     got = run_method(bundle, default, prompt, 10)
     assert not calls and got.token_ids == want.token_ids and got.target_calls == 0  # no counter given

@@ -20,8 +20,10 @@ model as it actually computes.
 from __future__ import annotations
 
 import copy
+import sys
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -277,18 +279,100 @@ def _fuse_norm(norm: nn.Module) -> bool:
     return True
 
 
+def _attention_forward(self: nn.Module, hidden_states: torch.Tensor, position_embeddings: Any = None,
+                       attention_mask: torch.Tensor | None = None, past_key_values: Any = None, **kwargs: Any) -> Any:
+    """Llama's attention forward (transformers' LlamaAttention.forward, step for step) with the query, key and
+    value projections as one product (`self._qkv`)."""
+    q_proj = self.q_proj
+    if q_proj.default_kernel or (torch.is_grad_enabled() and (hidden_states.requires_grad or q_proj.weight.requires_grad)):
+        return type(self).forward(self, hidden_states, position_embeddings, attention_mask, past_key_values, **kwargs)
+    mod = sys.modules[type(self).__module__]
+    input_shape = hidden_states.shape[:-1]
+    hidden_shape = (*input_shape, -1, self.head_dim)
+    q, k, v = self._qkv(hidden_states).split(self._qkv_sizes, -1)
+    query_states, key_states = q.view(hidden_shape).transpose(1, 2), k.view(hidden_shape).transpose(1, 2)
+    value_states = v.view(hidden_shape).transpose(1, 2)
+    cos, sin = position_embeddings
+    query_states, key_states = mod.apply_rotary_pos_emb(query_states, key_states, cos, sin)
+    if past_key_values is not None:
+        key_states, value_states = past_key_values.update(key_states, value_states, self.layer_idx)
+    interface = _attention_functions().get_interface(self.config._attn_implementation, mod.eager_attention_forward)
+    out, weights = interface(self, query_states, key_states, value_states, attention_mask,
+                             dropout=0.0 if not self.training else self.attention_dropout, scaling=self.scaling, **kwargs)
+    return self.o_proj(out.reshape(*input_shape, -1).contiguous()), weights
+
+
+def _attention_functions() -> Any:
+    try:
+        from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+    except ImportError:  # older layout
+        from transformers.integrations import ALL_ATTENTION_FUNCTIONS  # type: ignore[no-redef]
+    return ALL_ATTENTION_FUNCTIONS
+
+
+# Only attention classes whose forward is Llama's, step for step (others add norms or windows in between).
+_LLAMA_ATTENTION = ("LlamaAttention",)
+
+
+def _fuse_attention(attn: nn.Module, reorder: Callable, op: Callable, shapes: dict) -> bool:
+    projs = [getattr(attn, n, None) for n in ("q_proj", "k_proj", "v_proj")]
+    mod = sys.modules.get(type(attn).__module__)
+    if not (type(attn).__name__ in _LLAMA_ATTENTION and all(isinstance(p, PackedLinear) for p in projs)
+            and all(p.bias is None for p in projs) and len({p.in_features for p in projs}) == 1
+            and hasattr(mod, "apply_rotary_pos_emb") and hasattr(mod, "eager_attention_forward")):
+        return False
+    stacked = nn.Linear(projs[0].in_features, sum(p.out_features for p in projs), bias=False, device="meta")
+    stacked.weight = nn.Parameter(torch.cat([p.weight for p in projs]).detach(), requires_grad=False)
+    fused = PackedLinear(stacked, reorder, op)
+    key = (fused.in_features, fused.out_features, False)
+    if key not in shapes:
+        shapes[key] = min_rows_for(fused)
+    fused.min_rows = max(1, shapes[key])
+    object.__setattr__(attn, "_qkv", fused)
+    object.__setattr__(attn, "_qkv_sizes", [p.out_features for p in projs])
+    if not _same_attention(attn):
+        attn.__dict__.pop("_qkv")
+        attn.__dict__.pop("_qkv_sizes")
+        return False
+    attn.forward = _attention_forward.__get__(attn)
+    return True
+
+
+def _same_attention(attn: nn.Module) -> bool:
+    """The fused forward against the module's own on 1, 2, 3, 5 and 9 rows after 7 cached positions: bitwise."""
+    from transformers import DynamicCache
+
+    width, d = attn.q_proj.in_features, attn.head_dim
+    with torch.no_grad():
+        for rows in (1, 2, 3, 5, 9):
+            g = torch.Generator().manual_seed(rows)
+            past, x = torch.randn(1, 7, width, generator=g), torch.randn(1, rows, width, generator=g)
+            rot = [(torch.randn(1, n, d, generator=g), torch.randn(1, n, d, generator=g)) for n in (7, rows)]
+            outs = []
+            for fn in (lambda *a, **k: type(attn).forward(attn, *a, **k), lambda *a, **k: _attention_forward(attn, *a, **k)):
+                cache = DynamicCache()
+                fn(past, rot[0], None, cache)
+                outs.append(fn(x, rot[1], None, cache)[0])
+            if not torch.equal(*outs):
+                return False
+    return True
+
+
 def fuse_layers(model: nn.Module, reorder: Callable, op: Callable, shapes: dict) -> int:
-    """Gate and up projections as one packed product, RMSNorm as one op, wherever a probe gives the same bits;
-    returns how many modules now compute fused. `unfuse_layers` undoes it."""
-    return sum(_fuse_mlp(m, reorder, op, shapes) or _fuse_norm(m) for m in model.modules())
+    """Gate and up projections as one packed product, so too query, key and value, and RMSNorm as one op,
+    wherever a probe gives the same bits; returns how many modules now compute fused. `unfuse_layers` undoes it."""
+    return sum(_fuse_mlp(m, reorder, op, shapes) or _fuse_attention(m, reorder, op, shapes) or _fuse_norm(m)
+               for m in model.modules())
 
 
 def unfuse_layers(model: nn.Module) -> int:
     n = 0
     for m in model.modules():
-        if "forward" in m.__dict__ and getattr(m.__dict__["forward"], "__func__", None) in (_mlp_forward, _rms_forward):
+        if "forward" in m.__dict__ and getattr(m.__dict__["forward"], "__func__", None) in (
+                _mlp_forward, _rms_forward, _attention_forward):
             del m.__dict__["forward"]
-            m.__dict__.pop("_gate_up", None)
+            for name in ("_gate_up", "_qkv", "_qkv_sizes"):
+                m.__dict__.pop(name, None)
             n += 1
     return n
 
