@@ -126,7 +126,7 @@ def launch(server: Server, demo: gr.Blocks | None = None, host: str | None = Non
     demo = demo or build_demo(server)
     h, p = server_address()
     # Gradio's queue is bounded, but Generate's handlers all start at once and wait in the app's own line
-    # (MODEL), which tells each run its place, or that the class is full; the handlers' threads need room.
+    # (server.model), which tells each run its place, or that the class is full; the handlers' threads need room.
     demo.queue(max_size=QUEUE_SIZE, default_concurrency_limit=GEN_CONCURRENCY)
     quiet_queue(demo)  # gradio's queue polls every 1 ms: ~10% of a core on an idle server
     server.streams.unread = gradio_unread(demo)  # a run whose stream nobody reads leaves the line within seconds

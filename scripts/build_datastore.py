@@ -167,14 +167,10 @@ def unpack(arr: np.ndarray) -> list[list[int]]:
 
 def corpus_answers(folder: Path) -> dict[str, list[list[int]]]:
     """The answers of a corpus folder's finished train shards, by domain."""
-    from metasd.training.corpus import done_shards, read_shard, shard_path
+    from metasd.training.corpus import DOMAINS, iter_corpus
 
-    out: dict[str, list[list[int]]] = {}
-    for i in done_shards(folder):
-        info = json.loads(shard_path(folder, i, "json").read_text(encoding="utf-8"))
-        if info["split"] == "train":
-            out.setdefault(info["domain"], []).extend(answer for _, answer in read_shard(folder, i))
-    return out
+    out = {d: [answer for _, answer in iter_corpus(folder, domain=d, split="train")] for d in DOMAINS}
+    return {d: answers for d, answers in out.items() if answers}
 
 
 def write_card(meta: dict, path: Path) -> None:

@@ -22,7 +22,7 @@ from collections.abc import Callable
 from concurrent.futures import ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Generic, TypeVar
 
 from metasd.core.runfile import Replay, parse_run
 from metasd.core.validation import InvalidInput
@@ -88,24 +88,39 @@ class Once:
             return self._value
 
 
-class Timings:
-    """The target alone timed on a prompt, shared by every session (a class running the same example times it
-    once); the oldest goes first beyond `size`."""
+K = TypeVar("K")
+V = TypeVar("V")
 
-    def __init__(self, size: int = 256) -> None:
+
+class Bounded(Generic[K, V]):
+    """At most `size` entries, shared by the handlers' threads: beyond it the oldest put (or touched) goes."""
+
+    def __init__(self, size: int) -> None:
         self.size = size
         self._lock = threading.Lock()
-        self._by_key: OrderedDict[str, dict[str, Any]] = OrderedDict()
+        self._items: OrderedDict[K, V] = OrderedDict()
 
-    def get(self, key: str) -> dict[str, Any] | None:
+    def get(self, key: K, touch: bool = False) -> V | None:
+        """The entry, or None; `touch` makes it the newest."""
         with self._lock:
-            return self._by_key.get(key)
+            if touch and key in self._items:
+                self._items.move_to_end(key)
+            return self._items.get(key)
 
-    def put(self, key: str, timing: dict[str, Any]) -> None:
+    def put(self, key: K, value: V) -> None:
         with self._lock:
-            self._by_key[key] = timing
-            while len(self._by_key) > self.size:
-                self._by_key.popitem(last=False)
+            self._items[key] = value
+            self._items.move_to_end(key)
+            while len(self._items) > self.size:
+                self._items.popitem(last=False)
+
+
+class Timings(Bounded[str, dict[str, Any]]):
+    """The target alone timed on a prompt, shared by every session (a class running the same example times it
+    once)."""
+
+    def __init__(self, size: int = 256) -> None:
+        super().__init__(size)
 
 
 class ParsedRuns:
@@ -116,32 +131,24 @@ class ParsedRuns:
     PARSE_WAIT_S = 10.0
 
     def __init__(self, size: int = 4) -> None:
-        self.size = size
-        self._cache: OrderedDict[tuple[Any, ...], Replay] = OrderedDict()
-        self._lock = threading.Lock()
+        self._parsed: Bounded[tuple[Any, ...], Replay] = Bounded(size)
         self._parsing = threading.Lock()
 
     def peek(self, key: tuple[Any, ...]) -> Replay | None:
         """The run parsed under `key` already, or None (never parses)."""
-        with self._lock:
-            return self._cache.get(key)
+        return self._parsed.get(key)
 
     def get(self, key: tuple[Any, ...], read: Callable[[], bytes]) -> Replay:
-        with self._lock:
-            if key in self._cache:
-                self._cache.move_to_end(key)
-                return self._cache[key]
+        run = self._parsed.get(key, touch=True)
+        if run is not None:
+            return run
         if not self._parsing.acquire(timeout=self.PARSE_WAIT_S):
             raise InvalidInput("the server is busy reading other run files; try again in a moment")
         try:
-            with self._lock:  # parsed meanwhile by a request that held the parse lock before this one
-                if key in self._cache:
-                    return self._cache[key]
-            run = parse_run(read())
-            with self._lock:
-                self._cache[key] = run
-                while len(self._cache) > self.size:
-                    self._cache.popitem(last=False)
+            run = self._parsed.get(key)  # parsed meanwhile by a request that held the parse lock before this one
+            if run is None:
+                run = parse_run(read())
+                self._parsed.put(key, run)
         finally:
             self._parsing.release()
         return run
