@@ -6,6 +6,7 @@ import argparse
 import json
 
 import numpy as np
+import pytest
 
 from metasd.paths import EXAMPLES_FILE
 from metasd.training import corpus, sources
@@ -79,6 +80,18 @@ def _args(**kw) -> argparse.Namespace:
     a.prompts_per_shard, a.max_new_tokens, a.batch = 3, 6, 2
     vars(a).update(kw)
     return a
+
+
+def test_a_run_for_some_domains_makes_only_their_shards():
+    """`--domains math,code`: the plan's shards of those domains, under their own numbers (a later run of every
+    domain fills the gaps with the shards it would have made); a misspelt domain is refused."""
+    wanted = corpus.wanted_shards(_args(shards=30, domains="math, code"))
+    assert wanted and {corpus.shard_plan(i)[0] for i in wanted} == {"math", "code"}
+    assert wanted == [i for i in range(30) if corpus.shard_plan(i)[0] in ("math", "code")]
+    assert {corpus.shard_plan(i)[1] for i in wanted} == {"train", "eval"}  # held-out rounds kept as planned
+    assert corpus.wanted_shards(_args(shards=12)) == list(range(12))
+    with pytest.raises(SystemExit, match="maths"):
+        corpus.wanted_shards(_args(domains="maths"))
 
 
 def test_shards_drop_held_out_prompts_and_resume(offline, tmp_path, monkeypatch):

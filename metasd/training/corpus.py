@@ -358,7 +358,20 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--batch", type=int, default=16, help="answers generated together (measured: docs/BENCHMARKS.md)")
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--only", default="", help="comma-separated shard numbers to make (tests, repairs)")
+    ap.add_argument("--domains", default="", help=f"comma-separated domains ({', '.join(DOMAINS)}): make only the "
+                    "shards the plan gives them (the others stay to make later); default: every domain")
     return ap
+
+
+def wanted_shards(a: argparse.Namespace) -> list[int]:
+    """The shard numbers a run is to have: `--only`, or the first `--shards`, kept to `--domains`' shards."""
+    wanted = [int(x) for x in a.only.split(",") if x] if a.only else list(range(a.shards))
+    domains = [d.strip() for d in a.domains.split(",") if d.strip()]
+    if unknown := sorted(set(domains) - set(DOMAINS)):
+        raise SystemExit(f"unknown domain(s) {', '.join(unknown)}; one of {', '.join(DOMAINS)}")
+    if domains:  # a domain's shards keep their numbers (and so their prompts and split): gaps are filled later
+        wanted = [i for i in wanted if shard_plan(i)[0] in domains]
+    return wanted
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -371,7 +384,7 @@ def main(argv: list[str] | None = None) -> int:
     torch.set_num_threads(a.threads)
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
-    wanted = [int(x) for x in a.only.split(",") if x] if a.only else list(range(a.shards))
+    wanted = wanted_shards(a)
     have = set(done_shards(out))
     todo = [i for i in wanted if i not in have]
     log = lambda m: print(m, file=sys.stderr, flush=True)  # noqa: E731
