@@ -304,3 +304,23 @@ def test_offline_target_is_packed_and_lossless_against_the_default_kernels(offli
                              eos_token_id=eos, pad_token_id=eos[0])[0, len(ids):].tolist()
         _, s = run(offline, prompt, policy="metasd-ucb-cost", max_new_tokens=40)
         assert list(s.token_ids) == out, prompt
+
+
+def test_fused_parts_drop_their_packed_copy_and_pack_again_if_called():
+    """Once a fused product computes them, the gate, up, query, key and value projections keep no packed copy of
+    their own (memory: 278 MB on the offline target); called directly anyway, a part packs again and computes
+    what a freshly packed layer does."""
+    model = tiny_llama(vocab=64, layers=2, hidden=64, seed=7)
+    pack_linears(model)
+    layer = model.model.layers[0]
+    parts = [layer.self_attn.q_proj, layer.self_attn.k_proj, layer.self_attn.v_proj, layer.mlp.gate_proj,
+             layer.mlp.up_proj]
+    assert all(p._w is None and p.packed is None for p in parts)
+    assert layer.mlp.down_proj._w is not None and layer.self_attn.o_proj._w is not None
+    x = torch.randn(1, 3, 64, generator=torch.Generator().manual_seed(8))
+    with torch.no_grad():
+        for p in parts:
+            fresh = PackedLinear(p.plain(), *cpu_linear._packed_op())
+            fresh.min_rows = p.min_rows
+            assert torch.equal(p(x), fresh(x)) and p._w is not None
+    assert _fused(copy.deepcopy(model)) == (2, 2, 5)  # a copy stays fused (its parts packed again: used above)

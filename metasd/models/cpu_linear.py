@@ -97,12 +97,24 @@ class PackedLinear(nn.Module):
         shape = x.shape
         rows = x.numel() // shape[-1] if shape[-1] else 0
         pad = self._pads.get(rows)
+        w = self._w if self._w is not None else self._pack()
         if pad is None:
-            return self._op(x, self._w, self._b, "none", [], "")
+            return self._op(x, w, self._b, "none", [], "")
         flat = x.reshape(rows, shape[-1])
         # torch.cat, not F.pad: 10 against 16 us a call here (the pad's Python wrapper and determinism checks)
-        y = self._op(torch.cat((flat, flat.new_zeros(pad - rows, shape[-1]))), self._w, self._b, "none", [], "")
+        y = self._op(torch.cat((flat, flat.new_zeros(pad - rows, shape[-1]))), w, self._b, "none", [], "")
         return y[:rows].reshape(*shape[:-1], y.shape[-1])
+
+    def release(self) -> None:
+        """Drop the packed copy: a fused product computes this layer's rows now (`fuse_layers`). Called anyway, the
+        layer packs its weight again (the same bits: packing is deterministic)."""
+        self._buffers["packed"] = None
+        object.__setattr__(self, "_w", None)
+
+    def _pack(self) -> torch.Tensor:
+        self._buffers["packed"] = self._reorder(self.weight.detach(), ROWS_HINT)
+        object.__setattr__(self, "_w", self._buffers["packed"])
+        return self._w
 
     def plain(self) -> nn.Linear:
         """An `nn.Linear` on the same parameters."""
@@ -119,6 +131,8 @@ class PackedLinear(nn.Module):
         lin.bias = copy.deepcopy(self.bias, memo)
         new = PackedLinear(lin, self._reorder, self._op)
         new.min_rows = self.min_rows
+        if self._w is None:
+            new.release()
         memo[id(self)] = new
         return new
 
@@ -218,7 +232,8 @@ def pack_linears(model: nn.Module, progress: Callable[[str], None] | None = None
 # bitwise the results of the unfused layers, so the target computes exactly as before, only sooner: on the
 # AVX-512 CPU of 2026-12-05 a one-id pass 70.3 -> 67.8 ms, four ids 76.9 -> 76.1 (the same model switched,
 # median of 15, interleaved; scripts/measure_fusion.py), almost all of it the MLP's; every logit bitwise equal.
-# The stacked weights cost one more copy of the gate and up projections (212 MB for the offline target).
+# The stacked product replaces the parts' own packed copies (`PackedLinear.release`: a part called directly anyway
+# packs again), so fusing costs no memory; keeping both cost 291 MB of the offline preset's 2.4 GB resident.
 
 
 def _mlp_forward(self: nn.Module, x: torch.Tensor) -> torch.Tensor:
@@ -264,6 +279,8 @@ def _fuse_mlp(mlp: nn.Module, reorder: Callable, op: Callable, shapes: dict) -> 
         return False
     object.__setattr__(mlp, "_gate_up", fused)  # not a submodule: no new parameters or state-dict keys
     mlp.forward = _mlp_forward.__get__(mlp)
+    gate.release()
+    up.release()
     return True
 
 
@@ -335,6 +352,8 @@ def _fuse_attention(attn: nn.Module, reorder: Callable, op: Callable, shapes: di
         attn.__dict__.pop("_qkv_sizes")
         return False
     attn.forward = _attention_forward.__get__(attn)
+    for p in projs:
+        p.release()
     return True
 
 

@@ -113,9 +113,11 @@ def _attention(attn: torch.nn.Module, x: torch.Tensor, parts: list[VerifyPart], 
     """The attention block: projections and rotary embeddings over all rows at once (both row-wise), then
     attention per part against its own cache, written into one output for the output projection."""
     shape = (1, x.shape[1], -1, attn.head_dim)
-    q = rowwise(attn.q_proj, x, block).view(shape).transpose(1, 2)
-    k = rowwise(attn.k_proj, x, block).view(shape).transpose(1, 2)
-    v = rowwise(attn.v_proj, x, block).view(shape).transpose(1, 2)
+    if "_qkv" in attn.__dict__:  # one product for the three (metasd/models/cpu_linear.py; the same bits)
+        q, k, v = rowwise(attn._qkv, x, block).split(attn._qkv_sizes, -1)
+    else:
+        q, k, v = (rowwise(p, x, block) for p in (attn.q_proj, attn.k_proj, attn.v_proj))
+    q, k, v = (t.view(shape).transpose(1, 2) for t in (q, k, v))
     q, k = apply_rotary_pos_emb(q, k, *rotary)
     interface: Callable = ALL_ATTENTION_FUNCTIONS.get_interface(attn.config._attn_implementation, _eager_missing)
     out = torch.empty((1, x.shape[1], q.shape[1] * attn.head_dim), dtype=q.dtype, device=q.device)
