@@ -211,9 +211,10 @@ class TreeVerdict:
         return len(self.path)
 
 
-def verify_greedy(logits: torch.Tensor, tree: TokenTree) -> TreeVerdict:
-    """Follow argmax p down the tree: the longest path that is the target's own greedy continuation."""
-    best = logits.argmax(-1).tolist()
+def verify_greedy(logits: torch.Tensor, tree: TokenTree, best: list[int] | None = None) -> TreeVerdict:
+    """Follow argmax p down the tree: the longest path that is the target's own greedy continuation (`best`: the
+    rows' argmax, where the caller has it)."""
+    best = logits.argmax(-1).tolist() if best is None else best
     node, path = -1, []
     while True:
         want = best[node + 1]
@@ -283,11 +284,12 @@ def residual(p: torch.Tensor, q: torch.Tensor | None, x: int) -> torch.Tensor:
     return r / total if total > 0 else p
 
 
-def branch_betas(logits: torch.Tensor, tree: TokenTree, branches: Sequence[Branch], s: Sampling) -> dict[int, list[float]]:
+def branch_betas(logits: torch.Tensor, tree: TokenTree, branches: Sequence[Branch], s: Sampling,
+                 best_rows: list[int] | None = None) -> dict[int, list[float]]:
     """Per arm, the chance each position of its branch passes chain verification, had it drafted alone:
     every node was verified, so row parent(node) is the target's p at the arm's own context. Greedy:
     1 where the id is argmax p, else 0; sampled: p(x) for a one-hot q, sum min(p, q) otherwise."""
-    best = logits.argmax(-1) if s.greedy else None
+    best = (best_rows if best_rows is not None else logits.argmax(-1).tolist()) if s.greedy else None
     p_rows = None if s.greedy else warp(logits, s)
     out: dict[int, list[float]] = {}
     for b in branches:

@@ -54,6 +54,7 @@ class TreeRound:
     g: dict[int, list[float]] = field(default_factory=dict)  # per arm: its branch's pass chances
     own: dict[int, int] = field(default_factory=dict)  # per arm: accepted ids of its own branch
     rewards: list[float | None] = field(default_factory=list)
+    best: list[int] | None = None  # greedy rounds: argmax p of every row of the pass, read by the walk and the books
 
 
 def plan_tree(req, awake: list[bool] | None) -> TreeRound:
@@ -139,7 +140,7 @@ def calibrate_extras(req, t: TreeRound) -> None:
         return
     tree = t.tree
     if req.s.greedy:
-        best = t.logits.argmax(-1).tolist()
+        best = t.best if t.best is not None else t.logits.argmax(-1).tolist()
         hit = [float(best[tree.parents[n] + 1] == tree.tokens[n]) for n in range(len(tree))]
     else:
         p = warp(t.logits, req.s)
@@ -165,7 +166,9 @@ def verify_round(req, t: TreeRound) -> tuple[torch.Tensor, ...] | None:
 def walk(req, t: TreeRound) -> None:
     """The walk down the tree: greedy, or multi-step speculative sampling."""
     if req.s.greedy:
-        t.verdict = verify_greedy(t.logits, t.tree)
+        # One argmax over the pass's rows (a vocabulary each) for the walk, the betas and the extras' calibration.
+        t.best = t.logits.argmax(-1).tolist()
+        t.verdict = verify_greedy(t.logits, t.tree, t.best)
     else:
         t.verdict = verify_sampled(t.logits, t.tree, t.branches, req.s, req.g_target)
 
@@ -210,7 +213,7 @@ def accept_tree(req, t: TreeRound, verify_ms: float) -> None:
 def score_tree(req, t: TreeRound) -> None:
     """Full information for every arm in the tree: its branch's pass chances, as if it had drafted alone
     (every node was verified), turn into its reward; the policy learns from all of them."""
-    t.g = branch_betas(t.logits, t.tree, t.branches, req.s)
+    t.g = branch_betas(t.logits, t.tree, t.branches, req.s, t.best)
     t.rewards = [None] * len(req.arms)
     for b in own_branches(t):
         g, k = t.g[b.arm], len(b.tokens)
@@ -282,8 +285,8 @@ def lead_draft_probs(req, t: TreeRound) -> tuple[list[float], list[float], list[
     b, nodes = t.branches[t.kept], t.tree.branch_nodes[t.kept]
     rows = [t.tree.parents[n] + 1 for n in nodes]
     if req.s.greedy:
-        best = t.logits[rows].argmax(-1)
-        g = [float(x == int(y)) for x, y in zip(b.tokens, best.tolist(), strict=True)]
+        best = [t.best[r] for r in rows] if t.best is not None else t.logits[rows].argmax(-1).tolist()
+        g = [float(x == int(y)) for x, y in zip(b.tokens, best, strict=True)]
         return g, [1.0] * len(g), g
     p = warp(t.logits[rows], req.s)
     idx = torch.arange(len(rows))
