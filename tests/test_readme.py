@@ -205,7 +205,8 @@ def test_readme_inline_flags_exist():
     inline = set(re.findall(r"`(--[a-z][a-z0-9-]*)[^`]*`", readme()))
     shell = {f for c in shell_commands() for f in flags(c)}
     pip = {"--no-deps"}  # pip's, in the set-up prose
-    texts = help_text("metasd", "generate") + help_text("metasd", "bench") + help_text("metasd.training.train")
+    texts = (help_text("metasd", "generate") + help_text("metasd", "bench") + help_text("metasd.training.train")
+             + help_text("metasd.training.corpus"))
     missing = [f for f in sorted(inline - shell - pip) if not re.search(rf"(?<![\w-]){re.escape(f)}(?![\w-])", texts)]
     assert not missing, f"flags named in the README's prose that no command has: {missing}"
 
