@@ -324,3 +324,13 @@ def test_fused_parts_drop_their_packed_copy_and_pack_again_if_called():
             fresh.min_rows = p.min_rows
             assert torch.equal(p(x), fresh(x)) and p._w is not None
     assert _fused(copy.deepcopy(model)) == (2, 2, 5)  # a copy stays fused (its parts packed again: used above)
+
+
+def test_a_fused_attention_trains_any_one_of_its_projections():
+    """Only the key projection trainable: the fused forward takes the plain path and the gradient reaches it."""
+    model = tiny_llama(vocab=64, layers=1, hidden=64, seed=9)
+    pack_linears(model)
+    attn = next(m for m in model.modules() if "_qkv" in m.__dict__)
+    attn.k_proj.weight.requires_grad_(True)
+    model(torch.randint(0, 64, (1, 8))).logits.sum().backward()
+    assert attn.k_proj.weight.grad is not None and attn.k_proj.weight.grad.abs().sum() > 0

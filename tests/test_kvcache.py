@@ -126,3 +126,23 @@ def test_a_tree_kept_branch_moves_in_place_unless_a_copy_holds_it():
     _same(ours, theirs)
     assert torch.equal(held.keys, k) and torch.equal(held.values, v)
     assert torch.equal(_pass(model, ours, [3], 8), _pass(model, theirs, [3], 8))
+
+
+def test_a_layer_and_its_shallow_copy_deep_copied_together_stay_apart():
+    """One deepcopy over both (a request with its layer-skip drafter, say) must not hand them one storage again."""
+    model = tiny_llama(vocab=40, layers=1, seed=5)
+    target = new_cache(model.config)
+    _pass(model, target, list(range(9)), 0)
+    pair = copy.deepcopy([target.layers[0], copy.copy(target.layers[0])])
+    held = pair[1].keys.clone()
+    pair[0].crop(-4)
+    pair[0].update(torch.ones(1, *held.shape[1:2], 4, held.shape[-1]), torch.ones(1, *held.shape[1:2], 4, held.shape[-1]))
+    assert torch.equal(pair[1].keys, held)
+
+
+def test_keep_rows_refuses_rows_outside_the_pass():
+    model = tiny_llama(vocab=40, layers=1, seed=6)
+    cache = new_cache(model.config)
+    _pass(model, cache, list(range(6)), 0)
+    with pytest.raises(IndexError):
+        cache.layers[0].keep_rows(4, torch.tensor([5, 6]))

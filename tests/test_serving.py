@@ -380,6 +380,20 @@ def test_blocks_make_kernels_chosen_by_shape_row_invariant_as_on_a_gpu(temperatu
     assert together == alone and most >= 2
 
 
+def test_row_invariance_is_probed_on_the_fused_products_a_pass_runs():
+    """The fused q/k/v and gate/up products are plain attributes, not submodules: the probe must find them (a
+    planted row-count dependence in one is caught), and it must not pack the released parts again."""
+    bundle = tiny_bundle(vocab=64)
+    assert pack_linears(bundle.target) > 0 and row_invariant(bundle.target)
+    attn = next(m for m in bundle.target.modules() if "_qkv" in m.__dict__)
+    assert attn.q_proj._w is None  # the probe left the released part alone
+    for m in bundle.target.modules():  # other bits in a big call than in a small one, in the fused products only
+        for fused in (m.__dict__.get("_qkv"), m.__dict__.get("_gate_up")):
+            if fused is not None:
+                fused._op = lambda x, *a, op=fused._op: op(x, *a) + 1e-3 * (x.numel() // x.shape[-1] > 4)
+    assert not row_invariant(bundle.target)
+
+
 @pytest.mark.parametrize("temperature, policy", [(0.0, "metasd-ucb"), (1.0, "round-robin")])
 def test_batched_rounds_give_each_request_its_solo_output_tiny(temperature, policy):
     bundle = tiny_bundle(vocab=64)

@@ -113,6 +113,8 @@ class ReservedLayer(DynamicLayer):
         """Keep positions before `past` and after them the positions `idx` (each >= past, in order): a token
         tree's kept branch. In place where no other holder reads past `past`; otherwise into buffers of our own."""
         assert self._kbuf is not None and self._vbuf is not None
+        if len(idx) and not (past <= int(idx.min()) and int(idx.max()) < self._n):
+            raise IndexError(f"rows {idx.tolist()} outside the positions {past}..{self._n - 1} of this pass")
         picked_k, picked_v = self._kbuf.index_select(2, idx), self._vbuf.index_select(2, idx)  # copies first
         self._n = past
         self._views()
@@ -137,16 +139,20 @@ class ReservedLayer(DynamicLayer):
             # copied positions are now read by another holder.
             new._kbuf, new._vbuf = self._keys, self._values
             new._frozen = self._frozen = max(self._frozen, self._n)
+        new._reserve = 0  # a copy grows as it needs (a drafter's layers: not the request's whole reservation)
         return new
 
     def __deepcopy__(self, memo: dict) -> ReservedLayer:
         new = object.__new__(type(self))
         memo[id(self)] = new
         for k, v in self.__dict__.items():
-            new.__dict__[k] = copy.deepcopy(v, memo)
-        new._frozen = 0  # its buffers are its own
-        if new._kbuf is not None:
-            new._views()
+            if k not in ("_kbuf", "_vbuf", "_keys", "_values"):
+                new.__dict__[k] = copy.deepcopy(v, memo)
+        # Buffers of its own, compact: never through the memo, which would give a layer and its shallow copy,
+        # deep-copied together, one shared storage again.
+        new._keys = new._kbuf = self._keys.clone() if self._keys is not None else None
+        new._values = new._vbuf = self._values.clone() if self._values is not None else None
+        new._frozen = 0
         return new
 
 

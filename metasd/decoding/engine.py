@@ -522,7 +522,8 @@ def target_greedy(bundle: Bundle, prompt_ids: list[int], max_new_tokens: int, **
     the same stopping rule. Its KV cache is the engine's own kind (metasd/core/kvcache.py): a speed-up compares
     drafting, not two ways of keeping a cache."""
     inp = torch.tensor([prompt_ids], device=bundle.device)
-    hf_options.setdefault("past_key_values", new_cache(bundle.target.config, len(prompt_ids) + max_new_tokens + 1))
+    if getattr(bundle.target.generation_config, "cache_implementation", None) is None:  # else generate makes its own
+        hf_options.setdefault("past_key_values", new_cache(bundle.target.config, len(prompt_ids) + max_new_tokens + 1))
     eos = sorted(bundle.eos_ids)
     out = bundle.target.generate(inp, attention_mask=torch.ones_like(inp), do_sample=False,
                                  max_new_tokens=max_new_tokens, eos_token_id=eos or None,

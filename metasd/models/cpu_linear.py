@@ -301,8 +301,9 @@ def _attention_forward(self: nn.Module, hidden_states: torch.Tensor, position_em
                        attention_mask: torch.Tensor | None = None, past_key_values: Any = None, **kwargs: Any) -> Any:
     """Llama's attention forward (transformers' LlamaAttention.forward, step for step) with the query, key and
     value projections as one product (`self._qkv`)."""
-    q_proj = self.q_proj
-    if q_proj.default_kernel or (torch.is_grad_enabled() and (hidden_states.requires_grad or q_proj.weight.requires_grad)):
+    projs = (self.q_proj, self.k_proj, self.v_proj)
+    if any(p.default_kernel for p in projs) or (torch.is_grad_enabled() and (
+            hidden_states.requires_grad or any(p.weight.requires_grad for p in projs))):
         return type(self).forward(self, hidden_states, position_embeddings, attention_mask, past_key_values, **kwargs)
     mod = sys.modules[type(self).__module__]
     input_shape = hidden_states.shape[:-1]
@@ -349,7 +350,11 @@ def _fuse_attention(attn: nn.Module, reorder: Callable, op: Callable, shapes: di
     fused.min_rows = max(1, shapes[key])
     object.__setattr__(attn, "_qkv", fused)
     object.__setattr__(attn, "_qkv_sizes", [p.out_features for p in projs])
-    if not _same_attention(attn):
+    try:
+        same = _same_attention(attn)
+    except (RuntimeError, TypeError, ValueError, AttributeError):  # a forward of another signature: leave it be
+        same = False
+    if not same:
         for name in ("_qkv", "_qkv_sizes"):
             attn.__dict__.pop(name)
         return False
