@@ -19,6 +19,7 @@ from metasd.benchmark.bench import (
     load_prompts,
     parse_methods,
     run_bench,
+    run_method,
     write_outputs,
 )
 from metasd.benchmark.tables import BenchResult, over_default_kernels, speedup_table, summarize, summary_markdown
@@ -78,6 +79,39 @@ def test_default_methods_and_syntax():
     assert (by["metasd-ucb/throughput"].policy, by["metasd-ucb/throughput"].reward) == ("metasd-ucb", "throughput")
     assert by["hedge"].reward == "be"  # the --reward default
     assert by["single:layer-skip"].single and by["single:layer-skip"].drafter == "layer-skip"
+
+
+def test_arms_added_and_left_out():
+    """`+d` adds an arm to the preset's default ones, `~d` leaves a default arm out; the run plays exactly those."""
+    defaults = ["prompt-lookup", "token-recycling"]
+    by = {m.name: m for m in parse_methods("metasd-ucb+tiny-lm~token-recycling,hedge~prompt-lookup@cold",
+                                           TINY_DRAFTERS, ["layer-skip", "tiny-lm"], default_arms=defaults)}
+    m = by["metasd-ucb+tiny-lm~token-recycling"]
+    assert (m.policy, m.extra, m.dropped) == ("metasd-ucb", ("tiny-lm",), ("token-recycling",))
+    assert m.arms(defaults) == ["prompt-lookup", "tiny-lm"]
+    assert by["hedge~prompt-lookup@cold"].cold and by["hedge~prompt-lookup@cold"].arms(defaults) == ["token-recycling"]
+    assert by["baseline"].arms(defaults) is None  # no marks: the preset's own defaults
+
+
+def test_arms_that_cannot_be_played_are_refused():
+    defaults = ["prompt-lookup", "token-recycling"]
+    for spec, message in [("metasd-ucb~prompt-lookup~token-recycling", "no arm"),
+                          ("metasd-ucb~tiny-lm", "not a default arm"),
+                          ("metasd-ucb+tiny-lm~tiny-lm", "both added"),
+                          ("metasd-ucb~nope", "unknown drafter"),
+                          ("single:tiny-lm~prompt-lookup", "plays alone")]:
+        with pytest.raises(InvalidInput, match=message):
+            parse_methods(spec, TINY_DRAFTERS, ["layer-skip", "tiny-lm"], default_arms=defaults)
+
+
+def test_a_run_plays_only_its_arms(bundle):
+    defaults = bundle.default_drafters
+    assert "prompt-lookup" in defaults and len(defaults) > 1
+    m, = [x for x in parse_methods(f"metasd-ucb~{defaults[0]}", bundle.drafter_names, list(bundle.models),
+                                   default_arms=defaults) if x.kind == "engine"]
+    ids = [5, 6, 7, 8, 9, 5, 6, 7, 8, 9, 5, 6]  # repeats: prompt lookup has something to draft
+    o = run_method(bundle, m, ids, 12)
+    assert o.pulls and defaults[0] not in o.pulls and set(o.pulls) <= set(defaults[1:])
 
 
 @pytest.mark.parametrize("spec, message", [

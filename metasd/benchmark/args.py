@@ -24,9 +24,9 @@ def default_methods(drafter_names: Sequence[str]) -> list[str]:
 
 def method_help() -> str:
     return (f"comma-separated, from: baseline, {DEFAULT_KERNELS}, hf-pld[:N], hf-assisted:<model drafter>, single:<drafter>, "
-            f"<policy>[/<reward>][+<drafter>...][@cold] with policy in {', '.join(POLICIES)} and reward in "
-            f"{', '.join(REWARDS)} (+<drafter>: an arm besides the preset's default ones; @cold: without the preset's "
-            "informed priors), oracle")
+            f"<policy>[/<reward>][+<drafter>...][~<drafter>...][@cold] with policy in {', '.join(POLICIES)} and reward "
+            f"in {', '.join(REWARDS)} (+<drafter>: an arm besides the preset's default ones; ~<drafter>: a default arm "
+            "left out; @cold: without the preset's informed priors), oracle")
 
 
 def add_bench_args(sub: argparse._SubParsersAction) -> None:

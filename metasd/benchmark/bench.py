@@ -25,6 +25,7 @@ import argparse
 import gc
 import json
 import math
+import re
 import sys
 import time
 from collections import Counter
@@ -80,6 +81,13 @@ class Method:
     lookup: int = DEFAULT_PLD_TOKENS  # hf-pld: prompt_lookup_num_tokens
     cold: bool = False  # engine: start the bandit without the preset's informed priors (`<method>@cold`)
     extra: tuple[str, ...] = ()  # engine: arms played besides the preset's default ones (`<policy>+<drafter>...`)
+    dropped: tuple[str, ...] = ()  # engine: default arms left out (`<policy>~<drafter>...`)
+
+    def arms(self, defaults: Sequence[str]) -> list[str] | None:
+        """The bandit's arms: the preset's defaults with `extra` added and `dropped` taken out (None: the defaults)."""
+        if not (self.extra or self.dropped):
+            return None
+        return [d for d in dict.fromkeys([*defaults, *self.extra]) if d not in self.dropped]
 
     @property
     def ours(self) -> bool:
@@ -92,8 +100,9 @@ class Method:
 
 
 def parse_methods(spec: str | Sequence[str] | None, drafter_names: Sequence[str], model_drafters: Sequence[str],
-                  reward: str = "bd") -> list[Method]:
-    """Methods from their names. Adds `baseline` first when missing: every ratio needs it."""
+                  reward: str = "bd", default_arms: Sequence[str] | None = None) -> list[Method]:
+    """Methods from their names. Adds `baseline` first when missing: every ratio needs it. With the preset's
+    `default_arms`, a bandit's `~<drafter>` must name one of them and leave at least one arm."""
     if reward not in REWARDS:
         raise InvalidInput(f"unknown reward {reward!r}; choose one of {', '.join(REWARDS)}")
     if spec is None or spec == "" or spec == []:
@@ -107,6 +116,12 @@ def parse_methods(spec: str | Sequence[str] | None, drafter_names: Sequence[str]
         out.append(_parse_method(name, list(drafter_names), list(model_drafters), reward))
     if not any(m.kind == "baseline" for m in out):
         out.insert(0, Method("baseline", "baseline"))
+    for m in out if default_arms is not None else ():
+        stray = [d for d in m.dropped if d not in default_arms]
+        if stray:
+            raise InvalidInput(f"method {m.name!r}: {stray[0]!r} is not a default arm ({', '.join(default_arms)})")
+        if m.arms(default_arms) == []:
+            raise InvalidInput(f"method {m.name!r} leaves the bandit no arm")
     if any(m.kind == "oracle" for m in out) and not any(m.single for m in out):
         raise InvalidInput("method 'oracle' picks the fastest single:<drafter> run per prompt: add at least one")
     return out
@@ -131,23 +146,29 @@ def _parse_method(name: str, drafters: list[str], models: list[str], default_rew
     base, _, flag = name.partition("@")
     if flag not in ("", "cold"):
         raise InvalidInput(f"method {name!r}: the only suffix is @cold")
-    base, *extra = base.split("+")
-    for x in extra:
+    # <policy>+a~b: arm a added to the preset's default arms, default arm b left out.
+    base, *marked = re.split(r"([+~])", base)
+    extra = [x for sign, x in zip(marked[::2], marked[1::2], strict=True) if sign == "+"]
+    dropped = [x for sign, x in zip(marked[::2], marked[1::2], strict=True) if sign == "~"]
+    for x in (*extra, *dropped):
         if x not in drafters:
             raise InvalidInput(f"method {name!r}: unknown drafter {x!r}; this preset has {', '.join(drafters)}")
+    if set(extra) & set(dropped):
+        raise InvalidInput(f"method {name!r}: a drafter is both added (+) and left out (~)")
     policy, _, reward = base.partition("/")
     reward = reward or default_reward
     if reward not in REWARDS:
         raise InvalidInput(f"method {name!r}: unknown reward {reward!r}; choose one of {', '.join(REWARDS)}")
     d = single_drafter(policy)
     if d is not None:
-        if extra:
-            raise InvalidInput(f"method {name!r}: a single drafter plays alone; +<drafter> is for bandits")
+        if extra or dropped:
+            raise InvalidInput(f"method {name!r}: a single drafter plays alone; +<drafter> and ~<drafter> are for bandits")
         if d not in drafters:
             raise InvalidInput(f"method {name!r}: unknown drafter {d!r}; this preset has {', '.join(drafters)}")
         return Method(name, "engine", policy=policy, reward=reward, drafter=d)
     if policy in POLICIES:
-        return Method(name, "engine", policy=policy, reward=reward, cold=bool(flag), extra=tuple(extra))
+        return Method(name, "engine", policy=policy, reward=reward, cold=bool(flag), extra=tuple(extra),
+                      dropped=tuple(dropped))
     raise InvalidInput(f"unknown method {name!r}; {method_help()}")
 
 
@@ -269,9 +290,7 @@ def run_method(bundle: Bundle, method: Method, ids: list[int], max_new_tokens: i
         raise ValueError("the oracle is computed from the single:<drafter> runs, not run")
     dev = bundle.device
     if method.ours:
-        drafters = [method.drafter] if method.single else None  # a single drafter runs alone
-        if method.extra:
-            drafters = list(dict.fromkeys([*bundle.default_drafters, *method.extra]))
+        drafters = [method.drafter] if method.single else method.arms(bundle.default_drafters)
         _sync(dev)
         t0, c0 = time.perf_counter(), time.process_time()
         rounds, s = run(bundle, ids, drafters=drafters, policy=method.policy, reward=method.reward, gamma=gamma,
@@ -503,7 +522,7 @@ def cmd_bench(a: argparse.Namespace) -> int:
         torch.set_num_threads(a.threads)
     transformers.logging.set_verbosity_error()  # generate's advisory warnings would break the progress bar
     bundle = load_bundle(a.preset, device=a.device, dtype=a.dtype)
-    methods = parse_methods(a.methods, bundle.drafter_names, list(bundle.models), a.reward)
+    methods = parse_methods(a.methods, bundle.drafter_names, list(bundle.models), a.reward, bundle.default_drafters)
     if not a.methods and not packed_count(bundle.target):  # nothing packed: it would be the baseline again
         methods = [m for m in methods if m.kind != "default-kernels"]
     cats = len(dict.fromkeys(p.category for p in prompts))
