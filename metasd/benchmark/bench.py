@@ -48,14 +48,14 @@ from metasd.benchmark.tables import BenchResult, summarize, summary_markdown
 from metasd.core.events import RoundEvent
 from metasd.core.validation import REWARDS, InvalidInput, clean_prompt, first_per_category, parse_prompt_set
 from metasd.decoding.engine import encode_prompt, run, target_greedy
-from metasd.decoding.loading import Bundle, load_bundle
+from metasd.decoding.loading import Bundle, default_drafters, load_bundle, present_specs
 from metasd.drafting.registry import registered
 from metasd.models.cpu_linear import default_kernels, packed_count
 from metasd.models.presets import get_preset
 
 EXAMPLES_FILE = paths.EXAMPLES_FILE
 BENCH_FILE_MAX_BYTES = 200_000_000  # a local prompts file (Spec-Bench's is 0.7 MB)
-DEFAULT_PLD_TOKENS = 10  # transformers' prompt lookup as docs/DESIGN.md §4 reports it
+DEFAULT_PLD_TOKENS = 10  # transformers' prompt lookup as docs/DESIGN.md §6 reports it
 RESULT_COLUMNS = [
     "method", "question_id", "category", "new_tokens", "wall_s", "target_calls", "mean_accepted",
     "identical_to_baseline", "first_mismatch", "tokens_per_s", "cpu_s", "prompt_tokens", "prefill_s", "draft_s",
@@ -515,7 +515,8 @@ def cmd_bench(a: argparse.Namespace) -> int:
     # An operator's plugin drafters (METASD_PLUGINS, loaded by the CLI) join every preset's list.
     free = ("prompt-lookup", "token-recycling", "retrieval")
     names = [*preset.drafter_names, *(n for n in registered() if n not in preset.drafter_names)]
-    parse_methods(a.methods, names, [d.name for d in preset.drafters if d.kind not in free], a.reward)
+    parse_methods(a.methods, names, [d.name for d in preset.drafters if d.kind not in free], a.reward,
+                  default_drafters(preset, present_specs(preset)))
     if a.threads is not None:
         if a.threads < 1:
             raise InvalidInput(f"threads must be 1 or more, got {a.threads}")

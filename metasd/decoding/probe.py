@@ -3,7 +3,7 @@
 The cost-aware policy and the token tree compare a round's expected tokens with its time, and a
 request learns the verification time only for the id counts it feeds. Its first rounds feed gamma + 1
 ids, so a plain step (1 id) was extrapolated from them, flat: on this CPU it is ~9% cheaper than
-2 ids (docs/DESIGN.md §4), enough that a drafter accepting one id in fifteen looked worth its pass.
+2 ids (docs/DESIGN.md §1), enough that a drafter accepting one id in fifteen looked worth its pass.
 The probe gives every request the shape of the curve from its first round; the request's own
 measurements then scale it to its context and company (metasd/core/costs.py).
 """

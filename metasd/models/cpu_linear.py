@@ -3,7 +3,7 @@
 Speculative decoding pays because the target verifies gamma + 1 ids for about the price of one:
 a decoding step is bound by reading the weights, not by arithmetic. On a GPU that holds; on this
 CPU it did not, because of the GEMM kernel, not the hardware. With one thread, SmolLM2-135M in
-float32 needed ~58 ms for one id and ~95 ms for five (docs/DESIGN.md §4): the default sgemm path for
+float32 needed ~60 ms for one id and ~99 ms for five (docs/DESIGN.md §4): the default sgemm path for
 a handful of rows re-streams the weights, and two or three rows were even slower than four.
 oneDNN's inner-product primitive with a weight reordered once into its blocked layout reads each
 weight once for all rows: five ids then cost ~50 ms, the same as one (measured in
