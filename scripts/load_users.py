@@ -9,6 +9,7 @@ answer equals the engine's solo answer on the same prompt, and the server's RSS 
 
     .venv/bin/python scripts/load_users.py --users 1 8 32 64 [--max-new-tokens 64] [--batching off]
     .venv/bin/python scripts/load_users.py --users 1 8 32 --engine-only   # the same, no web server
+    .venv/bin/python scripts/load_users.py --users 4 --engine-only --drafters retrieval,math-eagle  # other arms
 
 `--engine-only` runs the same users on the engine's shared rounds in this process (no server, no frames):
 the gap between its rows and the server's is what serving the page costs. `--beside thread|process` puts
@@ -98,11 +99,13 @@ def light_client() -> None:
 
 
 def one_user(url: str, prompt: str, n: int, go: threading.Event, timeout: float, preset: str = "offline",
-             policy: str | None = None) -> UserRun:
+             policy: str | None = None, drafters: list[str] | None = None) -> UserRun:
     from gradio_client import Client
 
     run = UserRun(prompt, policy or "")
-    more = {"policy": policy} if policy else {}
+    more: dict[str, Any] = {"policy": policy} if policy else {}
+    if drafters:
+        more["drafters"] = drafters
     try:
         client = Client(url, verbose=False)
         go.wait(timeout)
@@ -162,7 +165,8 @@ def the_bundle(preset: str, device: str | None) -> Any:
     return load_bundle(preset, device=device)
 
 
-def solo_answers(prompts: list[str], n: int, preset: str = "offline", device: str | None = None) -> dict[str, tuple[str, int]]:
+def solo_answers(prompts: list[str], n: int, preset: str = "offline", device: str | None = None,
+                 drafters: list[str] | None = None) -> dict[str, tuple[str, int]]:
     """Each prompt's answer alone (the page's policy; greedy output is the target's): from the engine where the
     server's passes are unblocked; where they run in blocks of rows (a GPU's, or a CPU's fallback), from the shared
     rounds' blocked pass holding that request alone (the computation the server's page runs take, alone or in
@@ -175,12 +179,13 @@ def solo_answers(prompts: list[str], n: int, preset: str = "offline", device: st
     block = server_block(bundle)
     rounds = Rounds(bundle.target, max_batch=1, idle_s=1.0, share=True, block=block) if block else None
     out = {}
+    arms = {"drafters": drafters} if drafters else {}
     for p in dict.fromkeys(prompts):
         if rounds is not None:
-            req = prepare(bundle, p, max_new_tokens=n, policy=PAGE_POLICY)
+            req = prepare(bundle, p, max_new_tokens=n, policy=PAGE_POLICY, **arms)
             events = rounds.submit(req, steps(req, None))
         else:
-            events = generate(bundle, p, max_new_tokens=n, policy=PAGE_POLICY)
+            events = generate(bundle, p, max_new_tokens=n, policy=PAGE_POLICY, **arms)
         rounds_of, summary = collect(events)
         out[p] = ("".join("".join(ev.emitted_text) for ev in rounds_of), summary.new_tokens)
     return out
@@ -222,7 +227,8 @@ def drive(url: str, pid: int, users: int, prompts: list[str], solo: dict, a: arg
     trees = set(range(users - min(a.tree_users, users), users))  # the last --tree-users ask for metasd-tree
 
     def user(i: int) -> None:
-        runs[i] = one_user(url, mine[i], a.max_new_tokens, go, a.timeout, a.preset, "metasd-tree" if i in trees else None)
+        runs[i] = one_user(url, mine[i], a.max_new_tokens, go, a.timeout, a.preset, "metasd-tree" if i in trees else None,
+                           a.drafters)
 
     threads = [threading.Thread(target=user, args=(i,), daemon=True) for i in range(users)]
     for t in threads:
@@ -290,7 +296,8 @@ def engine_only(users: int, prompts: list[str], solo: dict, a: argparse.Namespac
     runs = [UserRun(prompts[i % len(prompts)]) for i in range(users)]
 
     def user(r: UserRun) -> None:
-        req = prepare(bundle, r.prompt, max_new_tokens=a.max_new_tokens, policy=PAGE_POLICY)
+        req = prepare(bundle, r.prompt, max_new_tokens=a.max_new_tokens, policy=PAGE_POLICY,
+                      **({"drafters": a.drafters} if a.drafters else {}))
         go.wait()
         t0 = time.perf_counter()
         for ev in rounds.submit(req, steps(req, None)):
@@ -339,6 +346,8 @@ def main() -> None:
     ap.add_argument("--device", default=None,
                     help="where this process runs the solo answers and --engine-only (default: the preset's own)")
     ap.add_argument("--max-new-tokens", type=int, default=64)
+    ap.add_argument("--drafters", type=lambda v: [x.strip() for x in v.split(",") if x.strip()], default=None,
+                    help="comma-separated arms every user plays (default: the preset's default arms)")
     ap.add_argument("--tree-users", type=int, default=0,
                     help="this many of the users (the last) ask for metasd-tree; the others the page's policy")
     ap.add_argument("--timeout", type=float, default=600.0, help="seconds a user waits at most for its answer")
@@ -374,7 +383,7 @@ def main() -> None:
     prompts = [e["turns"][0] for e in EXAMPLES][: a.prompts]
     if a.distinct:
         prompts = [f"Student {i + 1} asks: {prompts[i % len(prompts)]}" for i in range(max(a.users))]
-    solo = solo_answers(prompts, a.max_new_tokens, a.preset, a.device)
+    solo = solo_answers(prompts, a.max_new_tokens, a.preset, a.device, a.drafters)
     light_client()
     if a.engine_only:
         print("| users | server | aggregate tok/s | user tok/s (median) | first token p50 / p95 | served | - "

@@ -16,7 +16,8 @@ import torch
 from transformers import DynamicCache
 
 from metasd.core.passes import VerifyPart
-from metasd.decoding.engine import collect, generate, prepare, steps
+from metasd.decoding.engine import collect, drive, generate, prepare, steps
+from metasd.drafting.whitebox import HeadConfig
 from metasd.models.cpu_linear import pack_linears
 from metasd.serving.batch import PassCost, Rounds, measure_pass_cost, row_invariant, verify_together
 from metasd.serving.streaming import FairSlots
@@ -411,21 +412,118 @@ def test_batched_rounds_give_each_request_its_solo_output_tiny(temperature, poli
     assert rounds.most >= 3 and rounds.share
 
 
+def test_a_shared_pass_hands_each_part_its_hidden_states_bitwise():
+    """A part that names `features` gets the hidden states its own pass with output_hidden_states gives (the
+    embeddings, a middle layer's output, the final normed state), to the bit and for every row whatever its
+    `keep`; a part beside it that names none gets none, and every part's logits stay its own pass's."""
+    bundle = tiny_bundle(vocab=64, layers=3)
+    target = bundle.target
+    assert pack_linears(target) > 0 and row_invariant(target)
+    g = torch.Generator().manual_seed(4)
+    prompts = [torch.randint(0, 64, (n,), generator=g).tolist() for n in (6, 13, 2)]
+    drafts = [torch.randint(0, 64, (k,), generator=g).tolist() for k in (3, 0, 5)]
+    wants = [(0, 1, 3), (), (3, 2)]
+    keeps = [0, 1, 2]
+    caches, solo = [], []
+    with torch.no_grad():
+        for p, d, k in zip(prompts, drafts, keeps, strict=True):
+            c = DynamicCache(config=target.config)
+            target(input_ids=torch.tensor([p[:-1]]), past_key_values=c, use_cache=True)
+            caches.append(c)
+            pos = torch.arange(len(p) - 1, len(p) + len(d)).view(1, -1)
+            solo.append(target(input_ids=torch.tensor([[p[-1], *d]]), position_ids=pos, logits_to_keep=k,
+                               past_key_values=copy.deepcopy(c), use_cache=True, output_hidden_states=True))
+    parts = [VerifyPart([p[-1], *d], len(p) - 1, c, keep=k, features=f)
+             for p, d, c, k, f in zip(prompts, drafts, caches, keeps, wants, strict=True)]
+    together = verify_together(target, parts)
+    for part, own, logits, f in zip(parts, solo, together, wants, strict=True):
+        assert torch.equal(logits, own.logits[0])
+        if not f:
+            assert part.states is None
+            continue
+        assert sorted(part.states) == sorted(f)
+        for i in f:
+            assert part.states[i].shape == own.hidden_states[i].shape
+            assert torch.equal(part.states[i], own.hidden_states[i]), f"hidden state {i}"
+
+
 @pytest.mark.parametrize("temperature", [0.0, 1.0])
-def test_a_class_on_the_same_prompts_reads_each_prompt_once_and_gets_its_solo_outputs(temperature):
+def test_white_box_requests_share_the_passes_and_their_heads_read_their_own_features(temperature, caplog):
+    """A white-box head's request verifies in the shared pass like any other (it never runs a pass of its own
+    after its prompt's), and its head holds, after every round, bit for bit the features it holds in its solo run
+    (and within float noise those of a fresh full pass); every request's output is its solo output. (Before,
+    a white-box request verified alone: three of these four would never have shared a pass.)"""
+    from metasd.decoding.engine import Request
+    from metasd.drafting.whitebox import WhiteBoxDrafter
+
+    bundle = tiny_bundle(vocab=48, seed=5, scale=3.0, white_box=True, layers=3)
+    assert pack_linears(bundle.target) > 0 and row_invariant(bundle.target)
+    g = torch.Generator().manual_seed(6)
+    prompts = [torch.randint(0, 48, (n,), generator=g).tolist() for n in (7, 15, 4, 10)]
+
+    def kw(i: int) -> dict:
+        arms = ["prompt-lookup", "tiny-eagle"] if i % 3 == 0 else ["tiny-eagle", "tiny-lm"] if i % 3 == 1 else None
+        return {"chat_template": False, "max_new_tokens": 18 + 3 * i, "temperature": temperature,
+                "policy": "metasd-ucb", "seed": i, **({"drafters": arms} if arms else {})}
+
+    def recorder(seen: list, fresh: bool):
+        def inspect(cache, ids, drafters):
+            d = next(x for x in drafters if isinstance(x, WhiteBoxDrafter))
+            seen.append((d.f0, d.feats.clone()))
+            if fresh:
+                with torch.no_grad():
+                    hs = bundle.target(input_ids=torch.tensor([ids[:-1]]), output_hidden_states=True).hidden_states
+                full = torch.cat([hs[i][0] for i in d.feature_layers], dim=-1)
+                assert d.f0 + d.feats.shape[0] == len(ids) - 1
+                assert torch.allclose(d.feats, full[d.f0:], atol=1e-4)
+        return inspect
+
+    heads = [i for i in range(len(prompts)) if kw(i).get("drafters") and "tiny-eagle" in kw(i)["drafters"]]
+    solo_out, solo_feats = [], {}
+    for i, p in enumerate(prompts):
+        req = prepare(bundle, p, **kw(i))
+        solo_feats[i] = []
+        solo_out.append(_emitted(drive(req, None, recorder(solo_feats[i], False) if i in heads else None)))
+    rounds = Rounds(bundle.target, max_batch=4, idle_s=1.0)
+    shared_feats: dict[int, list] = {i: [] for i in heads}
+    alone = Request.pass_alone
+
+    def only_when_alone(req, r):  # the engine's own pass is a lone request's, never one with company
+        assert rounds.together == 1, "a request left the shared pass"
+        return alone(req, r)
+
+    with mock.patch.object(Request, "pass_alone", autospec=True, side_effect=only_when_alone):
+        streams = []
+        for i, p in enumerate(prompts):
+            req = prepare(bundle, p, **kw(i))
+            streams.append(rounds.submit(req, steps(req, None, recorder(shared_feats[i], True) if i in heads else None)))
+        together = [_emitted(s) for s in streams]
+    assert together == solo_out and rounds.most >= 3
+    assert "failed" not in caplog.text, "a shared pass failed and its requests ran alone"
+    assert len(heads) == 3 and all(shared_feats[i] for i in heads)
+    for i in heads:
+        assert len(shared_feats[i]) == len(solo_feats[i])
+        for (f0, a), (g0, b) in zip(shared_feats[i], solo_feats[i], strict=True):
+            assert f0 == g0 and torch.equal(a, b)
+
+
+@pytest.mark.parametrize("temperature, head", [(0.0, False), (1.0, False), (0.0, True), (1.0, True)])
+def test_a_class_on_the_same_prompts_reads_each_prompt_once_and_gets_its_solo_outputs(temperature, head):
     """Requests that join others with a prompt already read take its kept pass (metasd.decoding.prefix) instead of
-    their own: outputs, greedy and sampled, are each request's solo output; a request alone reads its prompt."""
+    their own: outputs, greedy and sampled, are each request's solo output; a request alone reads its prompt.
+    With a white-box head among the arms, the kept pass holds the hidden states the head reads, to the bit."""
     from metasd.decoding.prefix import PrefixStore
 
-    bundle = tiny_bundle(vocab=64)
+    bundle = tiny_bundle(vocab=64, white_box=head)
     pack_linears(bundle.target)
     g = torch.Generator().manual_seed(5)
     distinct = [torch.randint(0, 64, (n,), generator=g).tolist() for n in (9, 23, 14)]
     prompts = [distinct[i % 3] for i in range(8)]
 
     def kw(i: int) -> dict:
+        arms = {"drafters": ["prompt-lookup", "tiny-eagle", "tiny-lm"]} if head else {}
         return {"chat_template": False, "max_new_tokens": 16, "temperature": temperature, "seed": i,
-                "policy": "metasd-ucb"}
+                "policy": "metasd-ucb", **arms}
 
     solo = [_emitted(generate(bundle, p, **kw(i))) for i, p in enumerate(prompts)]
     store = PrefixStore(64 * 2**20)
@@ -442,9 +540,14 @@ def test_a_class_on_the_same_prompts_reads_each_prompt_once_and_gets_its_solo_ou
     fresh = prepare(bundle, distinct[1], **kw(0))
     fresh.start()
     kept = DynamicCache(config=bundle.target.config)
-    assert store.take(fresh.ids[:-1], _keep(fresh), kept) is not None
+    got = store.take(fresh.ids[:-1], _keep(fresh), kept, fresh.features)
+    assert got is not None and (not head or fresh.features)
     assert all(torch.equal(a.keys, b.keys) and torch.equal(a.values, b.values)
                for a, b in zip(kept.layers, fresh.cache.layers, strict=True))
+    for d in fresh.readers:  # the features a reused prompt hands the head are those its own pass gives
+        assert torch.equal(torch.cat([got[1][i][0] for i in d.feature_layers], dim=-1), d.feats)
+    if head:  # asked without the head's layers, the same prompt's pass is another entry
+        assert store.take(fresh.ids[:-1], _keep(fresh), DynamicCache(config=bundle.target.config)) is None
 
     # Alone: its own pass (timed as it runs), kept for later company.
     alone = Rounds(bundle.target, max_batch=8, idle_s=1.0, prefixes=PrefixStore(64 * 2**20))
@@ -644,11 +747,17 @@ def test_verify_together_is_bitwise_the_solo_pass_on_the_offline_model(page_offl
             mine = copy.deepcopy(c)
             pos = torch.arange(len(p) - 1, len(p) + len(d)).view(1, -1)
             solo.append(target(input_ids=torch.tensor([[p[-1], *d]]), position_ids=pos, past_key_values=mine,
-                               use_cache=True).logits[0])
-    together = verify_together(target, [VerifyPart([p[-1], *d], len(p) - 1, c)
-                                        for p, d, c in zip(prompts, drafts, caches, strict=True)])
-    for a, b in zip(solo, together, strict=True):
-        assert torch.equal(a, b)
+                               use_cache=True, output_hidden_states=True))
+    # Two parts ask for a white-box head's features (the shipped heads' layers), as a head's request does.
+    layers = HeadConfig.from_target(target.config).feature_layers
+    wants = [layers, (), (), layers, ()]
+    parts = [VerifyPart([p[-1], *d], len(p) - 1, c, features=f)
+             for p, d, c, f in zip(prompts, drafts, caches, wants, strict=True)]
+    together = verify_together(target, parts)
+    for own, logits, part in zip(solo, together, parts, strict=True):
+        assert torch.equal(own.logits[0], logits)
+        for i in part.features:
+            assert torch.equal(own.hidden_states[i], part.states[i]), f"hidden state {i}"
 
 
 def test_batched_rounds_give_each_request_its_solo_output_offline(page_offline):

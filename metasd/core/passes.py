@@ -27,6 +27,11 @@ class VerifyPart:
     start: int
     cache: object
     keep: int = 0  # logits for the last `keep` rows only (0: every row), as transformers' logits_to_keep
+    # Hidden states this part wants back (indices into transformers' `hidden_states`: 0 the embeddings, i the
+    # output of layer i, L the final normed state): a white-box drafter's features. A shared pass fills
+    # `states` with each wanted index's rows of this part ([1, len(ids), width], every row, whatever `keep`).
+    features: tuple[int, ...] = ()
+    states: dict[int, torch.Tensor] | None = None
 
 
 @dataclass

@@ -139,6 +139,7 @@ class Request:
         self.arms = bundle.make_drafters(self.names)
         # White-box arms read the target's hidden states: only then does every target pass return them.
         self.readers = [d for d in self.arms if d.feature_layers]
+        self.features = tuple(sorted({i for d in self.readers for i in d.feature_layers}))  # what a shared pass keeps
         # The throughput reward's and the plan's yardstick.
         self.verify_cost = VerifyCost(st.gamma, EXTRA_ID_PRIOR_PACKED if is_packed(bundle.target) else EXTRA_ID_PRIOR)
         # Rounds the request will take if each emits ~2 tokens: sequential halving's horizon.
@@ -217,20 +218,20 @@ class Request:
             return
         want = max((d.seed_rows for d in self.arms), default=0)
         keep = min(len(ids) - 1, want) if want else 1
-        # A server's kept prompt passes (metasd.decoding.prefix), where it lends them; not for white-box readers.
-        store = self.prefixes if self.prefixes is not None and not self.readers and self.prefixes.fits(self.cache) \
-            else None
-        logits = store.take(ids[:-1], keep, self.cache) if store is not None and self.prefix_reuse else None
-        if logits is None:
+        # A server's kept prompt passes (metasd.decoding.prefix), where it lends them; with the hidden states
+        # white-box readers take.
+        store = self.prefixes if self.prefixes is not None and self.prefixes.fits(self.cache) else None
+        got = store.take(ids[:-1], keep, self.cache, self.features) if store is not None and self.prefix_reuse else None
+        if got is None:
             out = self.bundle.target(input_ids=torch.tensor([ids[:-1]], device=self.dev), past_key_values=self.cache,
                                      use_cache=True, logits_to_keep=keep, output_hidden_states=bool(self.readers))
-            logits = out.logits[0]
-            for d in self.readers:
-                d.take_features(0, out.hidden_states, len(ids) - 1)
+            logits, states = out.logits[0], {i: out.hidden_states[i] for i in self.features}
             if store is not None:
-                store.keep(ids[:-1], keep, self.cache, logits)
+                store.keep(ids[:-1], keep, self.cache, logits, states)
         else:
-            self.prefill_reused = True
+            (logits, states), self.prefill_reused = got, True
+        for d in self.readers:
+            d.take_features(0, states, len(ids) - 1)
         first = len(ids) - 1 - keep
         rows = [j for j in range(keep) if first + j not in scaffold]
         for d in self.arms:
@@ -301,7 +302,7 @@ class Request:
         """What this round's verification feeds the target: the last id, then the draft, from its position."""
         r.start = len(self.ids)
         r.inputs = [self.ids[-1]] + r.tokens
-        return VerifyPart(r.inputs, r.start - 1, self.cache)
+        return VerifyPart(r.inputs, r.start - 1, self.cache, features=self.features)
 
     def pass_alone(self, r: Round) -> tuple[torch.Tensor, Any]:
         """The verification pass on this request alone: its logits and (white-box readers) hidden states."""
@@ -318,11 +319,6 @@ class Request:
         crop_to(self.cache, r.start + r.verdict.accepted)
         for d in self.readers:  # the kept positions: the last id and the accepted draft
             d.take_features(r.start - 1, hidden_states, r.verdict.accepted + 1)
-
-    @property
-    def batchable(self) -> bool:
-        """Whether its verification may share a pass: white-box arms read hidden states a shared pass lacks."""
-        return not self.readers
 
     def accept(self, r: Round, clock: Clock) -> None:
         """Append what was kept (the accepted draft and the target's token, up to an end-of-sequence

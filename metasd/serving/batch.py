@@ -73,8 +73,9 @@ def rowwise(fn: Callable[[torch.Tensor], torch.Tensor], x: torch.Tensor, block: 
 def verify_together(model: torch.nn.Module, parts: list[VerifyPart], block: int = 0) -> list[torch.Tensor]:
     """One pass over every part's ids: each part's logits ([len(ids), vocab], or its last `keep` rows), as its
     own pass gives. The target's verification, and a drafter model's forward for several requests at once.
-    `block`: the row-wise layers in calls of that many rows (`rowwise`), for devices where a kernel's bits
-    depend on how many rows it is given."""
+    A part that names `features` gets those hidden states in its `states`, as its own pass with
+    output_hidden_states gives them (a white-box head's features). `block`: the row-wise layers in calls of
+    that many rows (`rowwise`), for devices where a kernel's bits depend on how many rows it is given."""
     lm = model.model
     spans, a = [], 0
     for p in parts:
@@ -90,12 +91,24 @@ def verify_together(model: torch.nn.Module, parts: list[VerifyPart], block: int 
     masks = [_pass_mask(create_causal_mask(config=lm.config, inputs_embeds=h[:, a:b], attention_mask=None,
                                            past_key_values=p.cache, position_ids=pos[:, a:b]), b - a, direct)
              for p, (a, b) in zip(parts, spans, strict=True)]  # each part's own, as its own forward builds it
-    for layer in lm.layers[: lm.config.num_hidden_layers]:
+    top = lm.config.num_hidden_layers
+    wanted = {i for p in parts for i in p.features}
+    states = {0: h} if 0 in wanted else {}  # whole-pass tensors; each part gets its rows at the end
+    for n, layer in enumerate(lm.layers[:top], 1):
         residual = h
         h = residual + _attention(layer.self_attn, rowwise(layer.input_layernorm, h, block), parts, spans, masks,
                                   rotary, block)
         residual = h
         h = residual + rowwise(lambda x, layer=layer: layer.mlp(layer.post_attention_layernorm(x)), h, block)
+        if n in wanted and n < top:
+            states[n] = h
+    # The final norm is row-wise: over every row where a part wants the top state (as its own pass's
+    # hidden_states[L]), else over the kept rows only, just before the head.
+    if top in wanted:
+        h = states[top] = rowwise(lm.norm, h, block)
+    for p, (a, b) in zip(parts, spans, strict=True):
+        if p.features:
+            p.states = {i: states[i][:, a:b] for i in p.features}
     # Only the rows whose logits are wanted reach the head (the norm and the head are both row-wise).
     kept = [(b - min(p.keep, b - a), b) if p.keep else (a, b) for p, (a, b) in zip(parts, spans, strict=True)]
     if kept != spans:
@@ -104,7 +117,7 @@ def verify_together(model: torch.nn.Module, parts: list[VerifyPart], block: int 
         for lo, hi in kept:
             spans.append((a, a + hi - lo))
             a += hi - lo
-    logits = rowwise(lambda x: model.lm_head(lm.norm(x)), h, block)
+    logits = rowwise(model.lm_head if top in wanted else lambda x: model.lm_head(lm.norm(x)), h, block)
     return [logits[0, a:b] for a, b in spans]
 
 
@@ -548,18 +561,14 @@ class Rounds:
         return out
 
     def _pass(self, live: list[_Member]) -> list[tuple[torch.Tensor, Any]]:
-        """One verification pass for every batchable request; white-box ones (hidden states) alone."""
-        shared = [m for m in live if m.req.batchable]
-        results: dict[int, tuple[torch.Tensor, Any]] = {}
-        if (len(shared) > 1 or self.block) and shared and self.share:
-            for m, logits in zip(shared, verify_together(self.model, [m.x for m in shared], self.block), strict=True):
-                results[id(m)] = (logits, None)
-        for m in live:
-            if id(m) not in results:
-                results[id(m)] = m.req.pass_alone(m.req.round)
-        self.together = len(shared) if self.share else 1
+        """One verification pass for every live request (with its hidden states where a white-box head asks), or
+        each its own pass where rows are not invariant."""
+        self.together = len(live) if self.share else 1
         self.passes, self.most = self.passes + 1, max(self.most, self.together)
-        return [results[id(m)] for m in live]
+        if (len(live) > 1 or self.block) and self.share:
+            out = verify_together(self.model, [m.x for m in live], self.block)
+            return [(logits, m.x.states) for m, logits in zip(live, out, strict=True)]
+        return [m.req.pass_alone(m.req.round) for m in live]
 
     def _advance(self, m: _Member, result: tuple[torch.Tensor, Any] | None) -> None:
         """Run m's steps until it asks for a pass, ends a round (it is parked until the driver's next round: a
