@@ -360,6 +360,18 @@ def test_priors_command(tmp_path):
     bad = run([program(cmd), "-m", "metasd", "priors", "--prompts", str(prompts), "--skip-per-category", "5",
                "--out", str(out)])
     assert bad.returncode == 2 and bad.stderr.strip().startswith("error:"), bad.stderr
+    # The README's --drafters: the default arms and others, each measured; one without a default arm is refused.
+    words = shlex.split(cmd)
+    arms = next(words[i + 1] for i, x in enumerate(words) if x == "--drafters").split(",")
+    defaults = [d for d in arms if d in json.loads(out.read_text(encoding="utf-8"))["means"]["bd"]]
+    more = tmp_path / "more.json"
+    ok(run([program(cmd), "-m", "metasd", "priors", "--prompts", str(prompts), "--skip-per-category", "1",
+            "--per-category", "1", "--max-new-tokens", "4", "--drafters", ",".join(defaults + ["math-drafter"]),
+            "--out", str(more)]))
+    assert set(json.loads(more.read_text(encoding="utf-8"))["means"]["bd"]) == {*defaults, "math-drafter"}
+    bad = run([program(cmd), "-m", "metasd", "priors", "--prompts", str(prompts), "--skip-per-category", "1",
+               "--drafters", "retrieval", "--out", str(more)])
+    assert bad.returncode == 2 and "must include every default arm" in bad.stderr, bad.stderr
 
 
 @pytest.mark.timeout(300)

@@ -66,4 +66,7 @@ def add_priors_args(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--per-category", type=int, default=2, help="prompts per category after those (default: %(default)s)")
     p.add_argument("--max-new-tokens", type=int, default=64, help="default: %(default)s")
     p.add_argument("--weight", type=float, default=DEFAULT_WEIGHT, help="pseudo-rounds per arm (default: %(default)s)")
+    p.add_argument("--drafters", default="",
+                   help="comma-separated arms to measure, every default arm among them, so that a request that "
+                        "names others starts informed too (default: the preset's default arms)")
     p.add_argument("--out", default=None, help="default: assets/priors/<preset>.json")

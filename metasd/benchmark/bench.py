@@ -544,9 +544,10 @@ def cmd_bench(a: argparse.Namespace) -> int:
 
 
 def measure_priors(bundle: Bundle, prompts: list[Prompt], max_new_tokens: int, weight: float = DEFAULT_WEIGHT,
-                   progress: bool = True) -> dict[str, Any]:
-    """Run every prompt with full information once per reward kind and average each arm's reward."""
-    arms = bundle.default_drafters
+                   progress: bool = True, arms: list[str] | None = None) -> dict[str, Any]:
+    """Run every prompt with full information once per reward kind and average each arm's reward (`arms`: the
+    preset's default arms unless named)."""
+    arms = list(arms or bundle.default_drafters)
     sums = {r: dict.fromkeys(arms, 0.0) for r in PRIOR_REWARDS}
     counts = {r: dict.fromkeys(arms, 0) for r in PRIOR_REWARDS}
     jobs = [(r, p) for r in PRIOR_REWARDS for p in prompts]
@@ -574,8 +575,15 @@ def cmd_priors(a: argparse.Namespace) -> int:
     prompts = first_per_category(rest, a.per_category, category=lambda p: p.category)
     if not prompts:
         raise InvalidInput(f"no prompts left in {a.prompts} after skipping {a.skip_per_category} per category")
+    arms = [x.strip() for x in a.drafters.split(",") if x.strip()]
     bundle = load_bundle(a.preset)
-    doc = measure_priors(bundle, prompts, a.max_new_tokens, a.weight)
+    unknown = [x for x in arms if x not in bundle.drafter_names]
+    if unknown:
+        raise InvalidInput(f"no drafter {', '.join(unknown)} in preset {a.preset!r}: {', '.join(bundle.drafter_names)}")
+    missing = [x for x in bundle.default_drafters if arms and x not in arms]
+    if missing:  # the priors file serves the default arms first
+        raise InvalidInput(f"--drafters must include every default arm; missing {', '.join(missing)}")
+    doc = measure_priors(bundle, prompts, a.max_new_tokens, a.weight, arms=list(dict.fromkeys(arms)) or None)
     out = Path(a.out) if a.out else PRIORS_DIR / f"{a.preset}.json"
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(doc, indent=2) + "\n", encoding="utf-8")
