@@ -447,17 +447,52 @@ def test_a_shared_pass_hands_each_part_its_hidden_states_bitwise():
             assert torch.equal(part.states[i], own.hidden_states[i]), f"hidden state {i}"
 
 
+def _packed_head(bundle):
+    """The bundle's tiny-eagle rebuilt on the packed target (its LM head is the target's, as a preset loads
+    them) and packed itself: row-invariant as the shipped heads are."""
+    from metasd.drafting.whitebox import HeadConfig, build_head
+
+    assert pack_linears(bundle.target) > 0 and row_invariant(bundle.target)
+    t = bundle.target
+    head = bundle.models["tiny-eagle"] = build_head(t, HeadConfig.from_target(t.config), None,
+                                                    init_layer=t.config.num_hidden_layers - 1).eval()
+    assert pack_linears(head) > 0 and row_invariant(head)
+    return head
+
+
+def test_a_heads_layer_for_several_requests_gives_each_its_own_bits():
+    """WhiteBoxHead.run_together: parts of different lengths, after caches of different lengths (one with none),
+    each get the output states, keys, values and last-row logits their own call gives them, to the bit (packed
+    layers)."""
+    from metasd.core.passes import HeadPart, head_alone
+
+    head = _packed_head(tiny_bundle(vocab=48, seed=2, white_box=True, layers=3))
+    g = torch.Generator().manual_seed(1)
+    d, kv, hd = head.c.hidden_size, head.c.num_kv_heads, head.c.head_dim
+    parts = []
+    for t, n_past in ((1, 9), (5, 0), (3, 17), (1, 2)):
+        past = None if not n_past else (torch.randn(1, kv, n_past, hd, generator=g),
+                                        torch.randn(1, kv, n_past, hd, generator=g))
+        parts.append(HeadPart(head, torch.randn(t, d, generator=g), torch.randint(0, 48, (t,), generator=g),
+                              torch.arange(n_past, n_past + t)[None], past))
+    together = head.run_together(parts)
+    for p, got in zip(parts, together, strict=True):
+        for a, b in zip(head_alone(p), got, strict=True):
+            assert a.shape == b.shape and torch.equal(a, b)
+
+
 @pytest.mark.parametrize("temperature", [0.0, 1.0])
 def test_white_box_requests_share_the_passes_and_their_heads_read_their_own_features(temperature, caplog):
     """A white-box head's request verifies in the shared pass like any other (it never runs a pass of its own
     after its prompt's), and its head holds, after every round, bit for bit the features it holds in its solo run
     (and within float noise those of a fresh full pass); every request's output is its solo output. (Before,
-    a white-box request verified alone: three of these four would never have shared a pass.)"""
+    a white-box request verified alone: three of these four would never have shared a pass.) The heads' own
+    layer calls of several requests run together too, as the distilled drafters' forwards do."""
     from metasd.decoding.engine import Request
-    from metasd.drafting.whitebox import WhiteBoxDrafter
+    from metasd.drafting.whitebox import WhiteBoxDrafter, WhiteBoxHead
 
     bundle = tiny_bundle(vocab=48, seed=5, scale=3.0, white_box=True, layers=3)
-    assert pack_linears(bundle.target) > 0 and row_invariant(bundle.target)
+    _packed_head(bundle)
     g = torch.Generator().manual_seed(6)
     prompts = [torch.randint(0, 48, (n,), generator=g).tolist() for n in (7, 15, 4, 10)]
 
@@ -492,13 +527,22 @@ def test_white_box_requests_share_the_passes_and_their_heads_read_their_own_feat
         assert rounds.together == 1, "a request left the shared pass"
         return alone(req, r)
 
-    with mock.patch.object(Request, "pass_alone", autospec=True, side_effect=only_when_alone):
+    calls: list[int] = []
+    own = WhiteBoxHead.run_together
+
+    def counted(head, parts, *a):  # how many requests' rows each call of the head's layer took
+        calls.append(len(parts))
+        return own(head, parts, *a)
+
+    with mock.patch.object(Request, "pass_alone", autospec=True, side_effect=only_when_alone), \
+            mock.patch.object(WhiteBoxHead, "run_together", autospec=True, side_effect=counted):
         streams = []
         for i, p in enumerate(prompts):
             req = prepare(bundle, p, **kw(i))
             streams.append(rounds.submit(req, steps(req, None, recorder(shared_feats[i], True) if i in heads else None)))
         together = [_emitted(s) for s in streams]
     assert together == solo_out and rounds.most >= 3
+    assert max(calls) >= 2, "the heads' layer calls of several requests never ran together"
     assert "failed" not in caplog.text, "a shared pass failed and its requests ran alone"
     assert len(heads) == 3 and all(shared_feats[i] for i in heads)
     for i in heads:

@@ -46,6 +46,31 @@ class DraftPart:
     spent_s: float = 0.0
 
 
+@dataclass
+class HeadPart:
+    """A white-box head's step over one request's rows (metasd.drafting.whitebox), asked of the driver as a
+    DraftPart is: feature rows `g` ([T, width]: fused target features, or the head's own output state) with
+    the tokens that follow them (`tokens`, [T]) at positions `pos` ([1, T]), after this request's cached keys
+    and values `past`. Answered with (output states [1, T, width], this call's keys, values, the draft logits
+    of the last row); the shared rounds run every request's part for the same head in one call
+    (`WhiteBoxHead.run_together`)."""
+
+    model: torch.nn.Module
+    g: torch.Tensor
+    tokens: torch.Tensor
+    pos: torch.Tensor
+    past: tuple[torch.Tensor, torch.Tensor] | None
+    spent_s: float = 0.0
+
+
+def head_alone(p: HeadPart) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """A head part on a call of its own."""
+    t = time.perf_counter()
+    out = p.model.run_together([p])[0]
+    p.spent_s = time.perf_counter() - t
+    return out
+
+
 def crop_to(cache: DynamicCache, length: int) -> None:
     """Roll a cache back to its first `length` tokens (transformers 5: crop(-n) drops the last n)."""
     extra = cache.get_seq_length() - length

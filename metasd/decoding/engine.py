@@ -25,7 +25,7 @@ from metasd.bandits.priors import Priors, load_priors
 from metasd.core.costs import EXTRA_ID_PRIOR, EXTRA_ID_PRIOR_PACKED, VerifyCost, best_length, expected_accepted, reward
 from metasd.core.events import Event, RoundEvent, Summary
 from metasd.core.kvcache import new_cache
-from metasd.core.passes import DraftPart, VerifyPart, crop_to, forward_alone
+from metasd.core.passes import DraftPart, HeadPart, VerifyPart, crop_to, forward_alone, head_alone
 from metasd.core.sampling import Sampling, Verdict, verify, warp
 from metasd.core.validation import InvalidInput, Settings, clean_prompt, validate_settings
 from metasd.decoding import tree_round
@@ -432,6 +432,8 @@ def _rounds(req: Request, stop: StopSignal, inspect: Inspect | None) -> Iterator
             x = it.send(req.pass_alone(req.round))
         elif isinstance(x, DraftPart):
             x = it.send(forward_alone(x))
+        elif isinstance(x, HeadPart):
+            x = it.send(head_alone(x))
         else:
             yield x
             x = next(it, None)

@@ -24,16 +24,20 @@ verification, `Drafter.take_features`); the head never runs the target.
 
 from __future__ import annotations
 
+import itertools
 import json
+from collections.abc import Callable, Generator
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Any
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
+from metasd.core.passes import HeadPart, head_alone, solo
 from metasd.core.sampling import Sampling, warp
-from metasd.drafting.drafters import Draft, Drafter, draft_chain, fit_vocab
+from metasd.drafting.drafters import Draft, Drafter, chain_steps, fit_vocab
 from metasd.drafting.files import DRAFT_VOCAB, WHITEBOX_FORMAT, DraftHead, read_drafter_file, read_info, save_drafter_file
 from metasd.drafting.registry import register_kind
 
@@ -128,11 +132,15 @@ class Attention(nn.Module):
 
     def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
         """mask: bool [T_q, T_k] or [B, 1, T_q, T_k], True where a query may look."""
+        return self.o_proj(self.mix(q, k, v, mask))
+
+    def mix(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
+        """Attention before the output projection: [B, T_q, heads * D]."""
         g = self.c.num_heads // self.c.num_kv_heads
         k, v = k.repeat_interleave(g, dim=1), v.repeat_interleave(g, dim=1)
         out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
         b, _, t, _ = out.shape
-        return self.o_proj(out.transpose(1, 2).reshape(b, t, -1))
+        return out.transpose(1, 2).reshape(b, t, -1)
 
 
 class Layer(nn.Module):
@@ -182,17 +190,39 @@ class WhiteBoxHead(nn.Module):
     def logits(self, a: torch.Tensor) -> torch.Tensor:
         return self.lm_head(self.norm(a))
 
-    def run(self, x: torch.Tensor, pos: torch.Tensor, past: tuple[torch.Tensor, torch.Tensor] | None,
-            mask: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """The layer over x [B, T, d] at positions pos after the cached keys/values `past`.
-
-        Returns the output states and this call's own keys and values (the caller keeps the cache)."""
-        L = self.layer
-        q, k, v = L.self_attn.project(L.input_layernorm(x), pos)
-        keys = k if past is None else torch.cat((past[0], k), dim=2)
-        vals = v if past is None else torch.cat((past[1], v), dim=2)
-        h = x + L.self_attn.attend(q, keys, vals, mask)
-        return L.ffn(h), k, v
+    @torch.inference_mode()
+    def run_together(self, parts: list[HeadPart], rows: Callable[[Callable, torch.Tensor], torch.Tensor] | None = None
+                     ) -> list[tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]]:
+        """Several requests' steps in one call: the row-wise parts (`inputs`, norms, projections, rotary angles,
+        the MLP, the last rows' logits) once over every part's rows, attention per part against its own cached
+        keys and values with its own causal mask. Each part gets the bits a call of its own gives it where the
+        linear layers are row-invariant (the shared rounds check that, as for the target). `rows(fn, x)`: how
+        a row-wise call runs (the shared rounds' blocks on a GPU; default: at once)."""
+        rows = rows or (lambda fn, x: fn(x))
+        L, c = self.layer, self.c
+        at = L.self_attn
+        g, nxt = torch.cat([p.g for p in parts]), torch.cat([p.tokens for p in parts])
+        x = rows(self.fc, torch.cat((g, self.embed(nxt).to(g.dtype)), dim=-1)[None])  # `inputs`, row by row
+        pos = torch.cat([p.pos for p in parts], dim=1)
+        n = x.shape[1]
+        hn = rows(L.input_layernorm, x)
+        q, k, v = (rows(f, hn).view(1, n, -1, c.head_dim).transpose(1, 2) for f in (at.q_proj, at.k_proj, at.v_proj))
+        q, k = at.rope(q, pos), at.rope(k, pos)
+        mixed, a = [], 0
+        for p in parts:
+            b = a + len(p.tokens)
+            keys = k[:, :, a:b] if p.past is None else torch.cat((p.past[0], k[:, :, a:b]), dim=2)
+            vals = v[:, :, a:b] if p.past is None else torch.cat((p.past[1], v[:, :, a:b]), dim=2)
+            n_past = keys.shape[2] - (b - a)
+            mask = torch.ones(b - a, keys.shape[2], dtype=torch.bool, device=x.device).tril(n_past)
+            mixed.append(at.mix(q[:, :, a:b], keys, vals, mask))
+            a = b
+        h = x + rows(at.o_proj, torch.cat(mixed, dim=1))
+        out = rows(L.ffn, h)
+        edges = list(itertools.accumulate((len(p.tokens) for p in parts), initial=0))
+        last = rows(self.logits, out[:, [e - 1 for e in edges[1:]]])[0]
+        return [(out[:, lo:hi], k[:, :, lo:hi], v[:, :, lo:hi], last[j])
+                for j, (lo, hi) in enumerate(itertools.pairwise(edges))]
 
 
 def own_state(head: WhiteBoxHead) -> dict[str, torch.Tensor]:
@@ -299,9 +329,11 @@ class WhiteBoxDrafter(Drafter):
             self.k, self.v = self.k[:, :, :n], self.v[:, :, :n]
         del self.tokens[n:]
 
-    def _sync(self, ids: list[int], upto: int, feed_from: int) -> torch.Tensor | None:
+    def _sync(self, ids: list[int], upto: int, feed_from: int
+              ) -> Generator[HeadPart, Any, tuple[torch.Tensor, torch.Tensor] | None]:
         """Make the cache hold positions c0 .. upto - 1 (true features), recomputing at least feed_from ..
-        upto - 1; returns the head's output states there [upto - feed_from, d], or None without features."""
+        upto - 1; returns the head's output states there [upto - feed_from, d] and the draft logits of the
+        last, or None without features."""
         c = 0
         limit = min(len(self.tokens), feed_from - self.c0)
         while c < limit and self.tokens[c] == ids[self.c0 + 1 + c]:
@@ -320,44 +352,51 @@ class WhiteBoxDrafter(Drafter):
             return None
         g = self.head.fuse(f.to(self.device))
         nxt = torch.tensor(ids[lo + 1 : upto + 1], device=self.device)
-        x = self.head.inputs(g, nxt)[None]
         pos = torch.arange(lo, upto, device=self.device)[None]
-        a = self._run(x, pos)
+        a, last = yield from self._run(g, nxt, pos)
         self.tokens.extend(ids[lo + 1 : upto + 1])
-        return a[0, feed_from - lo :]
+        return a[0, feed_from - lo :], last
 
-    def _run(self, x: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
+    def _run(self, g: torch.Tensor, nxt: torch.Tensor, pos: torch.Tensor
+             ) -> Generator[HeadPart, Any, tuple[torch.Tensor, torch.Tensor]]:
+        """The head's step over feature rows g and their next tokens at pos after its cache, asked of whoever
+        drives (a HeadPart): its output states and its last row's draft logits; the cache grows."""
         past = None if self.k is None else (self.k, self.v)
-        t = x.shape[1]
-        n_past = 0 if past is None else past[0].shape[2]
-        mask = torch.ones(t, n_past + t, dtype=torch.bool, device=self.device).tril(n_past)
-        a, k, v = self.head.run(x, pos, past, mask)
+        a, k, v, last = yield HeadPart(self.head, g, nxt, pos, past)
         self.k = k if past is None else torch.cat((past[0], k), dim=2)
         self.v = v if past is None else torch.cat((past[1], v), dim=2)
-        return a
+        return a, last
 
     def _logits(self, a: torch.Tensor) -> torch.Tensor:
-        return fit_vocab(self.head.logits(a), self.target_vocab, self.tokenizer_vocab)
+        return self._fit(self.head.logits(a))
+
+    def _fit(self, logits: torch.Tensor) -> torch.Tensor:
+        return fit_vocab(logits, self.target_vocab, self.tokenizer_vocab)
 
     @torch.inference_mode()
     def propose(self, ids, k, s: Sampling, generator):
+        return solo(self.propose_steps(ids, k, s, generator), head_alone)
+
+    @torch.inference_mode()
+    def propose_steps(self, ids, k, s, generator):
         n = len(ids)
         if k <= 0 or n < 2:
             return Draft([], None)
-        a = self._sync(ids, n - 1, n - 2)
-        if a is None:
+        synced = yield from self._sync(ids, n - 1, n - 2)
+        if synced is None:
             return Draft([], None)
         true_len = len(self.tokens)
-        state = a[-1:]
-
-        def advance(x: torch.Tensor, i: int) -> torch.Tensor:
-            # The head's own output stands in for the target's feature at the next position.
-            nonlocal state
-            inp = self.head.inputs(state, x.view(1))[None]
-            state = self._run(inp, torch.tensor([[n - 1 + i]], device=self.device))[0]
-            return self._logits(state)[-1]
-
-        tokens, qs = draft_chain(self._logits(state)[-1], k, s, generator, self.min_confidence, advance)
+        state, last = synced[0][-1:], synced[1]
+        chain = chain_steps(self._fit(last), k, s, generator, self.min_confidence)
+        try:
+            x, i = next(chain), 0
+            while True:
+                # The head's own output stands in for the target's feature at the next position.
+                a, last = yield from self._run(state, x.view(1), torch.tensor([[n - 1 + i]], device=self.device))
+                state = a[0]
+                x, i = chain.send(self._fit(last)), i + 1
+        except StopIteration as end:
+            tokens, qs = end.value
         self._crop(true_len)  # drafted positions never stay: the next round brings true features
         return Draft(torch.stack(tokens).tolist(), torch.stack(qs) if qs else None)
 
@@ -365,7 +404,8 @@ class WhiteBoxDrafter(Drafter):
     def predict(self, ids, start, n, s):
         # Token j is predicted at position j - 2 from (feature j - 2, token j - 1): the head's first step.
         lo = max(start - 2, 0)
-        a = self._sync(ids, start + n - 2, lo)
+        synced = solo(self._sync(ids, start + n - 2, lo), head_alone)
+        a = None if synced is None else synced[0]
         missing = n - (0 if a is None else a.shape[0])
         if a is None or a.shape[0] == 0:
             logits = torch.zeros(0, self.target_vocab, device=self.device)

@@ -35,7 +35,7 @@ from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
 
 from metasd.core.events import RoundEvent
 from metasd.core.kvcache import new_cache
-from metasd.core.passes import DraftPart, VerifyPart, crop_to, forward_alone
+from metasd.core.passes import DraftPart, HeadPart, VerifyPart, crop_to, forward_alone, head_alone
 from metasd.decoding.prefix import PrefixStore
 from metasd.models.cpu_linear import rows_agree
 
@@ -485,7 +485,7 @@ class Rounds:
         """Run one pass for `group` and hand each member its result. A failed pass of several is run again for
         each member alone, its caches first rolled back to where the pass found them: only a member whose own
         pass fails ends (with the error), the others go on as if nothing had happened."""
-        lengths = [_cache_of(m.x).get_seq_length() for m in group]
+        lengths = [c.get_seq_length() if (c := _cache_of(m.x)) is not None else 0 for m in group]
         try:
             results = run(group)
         except Exception as e:  # noqa: BLE001  (a failed pass fails its requests, never the driver)
@@ -495,7 +495,8 @@ class Rounds:
             log.warning("shared rounds: a pass of %d runs failed (%s: %s); each runs alone", len(group),
                         type(e).__name__, e)
             for m, n in zip(group, lengths, strict=True):
-                crop_to(_cache_of(m.x), n)
+                if _cache_of(m.x) is not None:
+                    crop_to(_cache_of(m.x), n)
                 self._answer([m], run)
             return
         for m, result in zip(group, results, strict=True):
@@ -529,7 +530,7 @@ class Rounds:
         while True:
             asking: dict[int, list[_Member]] = {}
             for m in self._members:
-                if isinstance(m.x, DraftPart):
+                if isinstance(m.x, (DraftPart, HeadPart)):
                     asking.setdefault(id(m.x.model), []).append(m)
             if not asking:
                 return
@@ -541,18 +542,25 @@ class Rounds:
         its preset's drafters at start-up, so no class waits for it; any other model on its first pass)."""
         key = id(model)
         if key not in self._draft_shared:
-            self._draft_shared[key] = (self.share and self.share_drafts and supports(model)
+            # A Llama-layout drafter model, or a white-box head (its own `run_together`).
+            self._draft_shared[key] = (self.share and self.share_drafts
+                                       and (supports(model) or hasattr(model, "run_together"))
                                        and row_invariant(model, block=self.block))
         return self._draft_shared[key]
 
-    def _draft_pass(self, parts: list[DraftPart]) -> list[torch.Tensor]:
-        """One drafter model's forwards for several requests: together where the model allows it bit for bit
-        (as the target's passes), else one by one; each part's share of the time goes back with it."""
+    def _draft_pass(self, parts: list[DraftPart] | list[HeadPart]) -> list[Any]:
+        """One drafter model's forwards for several requests (or one head's layer calls): together where the
+        model allows it bit for bit (as the target's passes), else one by one; each part's share of the time
+        goes back with it."""
         model = parts[0].model
+        heads = isinstance(parts[0], HeadPart)
         if (len(parts) == 1 and not self.block) or not self.drafts_together(model):
-            return [forward_alone(d) for d in parts]
+            return [head_alone(d) if isinstance(d, HeadPart) else forward_alone(d) for d in parts]
         t = time.perf_counter()
-        out = verify_together(model, [d.part for d in parts], self.block)
+        if heads:
+            out = model.run_together(parts, lambda fn, x: rowwise(fn, x, self.block))
+        else:
+            out = verify_together(model, [d.part for d in parts], self.block)
         share = (time.perf_counter() - t) / len(parts)
         for d in parts:
             d.spent_s = share
@@ -579,7 +587,7 @@ class Rounds:
                 m.x = m.it.send(result)
             elif m.x is None or m.x is _PARKED:
                 m.x = next(m.it)
-            while not isinstance(m.x, (VerifyPart, DraftPart)):
+            while not isinstance(m.x, (VerifyPart, DraftPart, HeadPart)):
                 m.out.put(m.x)
                 if isinstance(m.x, RoundEvent):
                     m.x = _PARKED
@@ -599,8 +607,9 @@ class Rounds:
         m.out.put(_END)
 
 
-def _cache_of(x: VerifyPart | DraftPart) -> Any:
-    return x.part.cache if isinstance(x, DraftPart) else x.cache
+def _cache_of(x: VerifyPart | DraftPart | HeadPart) -> Any:
+    """The cache a failed pass rolls back (a head's part extends nothing before its answer: none)."""
+    return x.part.cache if isinstance(x, DraftPart) else None if isinstance(x, HeadPart) else x.cache
 
 
 _NOTHING = object()  # drain: the outbox had nothing within `every`
