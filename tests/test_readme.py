@@ -388,6 +388,7 @@ def test_load_users_command():
                                                      ["--batching", "--distinct", "--max-new-tokens", "--users"],
                                                      ["--engine-only", "--max-new-tokens", "--users"],
                                                      ["--drafters", "--engine-only", "--max-new-tokens", "--users"],
+                                                     ["--drafters", "--engine-only", "--max-new-tokens", "--users"],
                                                      ["--max-new-tokens", "--users"],
                                                      ["--max-new-tokens", "--tree-users", "--users"]]), cmds
     # every flag of the server's commands but one: each user on a prompt of its own
