@@ -121,6 +121,25 @@ def test_shards_drop_held_out_prompts_and_resume(offline, tmp_path, monkeypatch)
     assert list(corpus.iter_corpus(tmp_path, domain="translation")) == back
 
 
+def test_the_progress_line_counts_this_runs_shards(offline, tmp_path, monkeypatch, capsys):
+    """A run for one domain in a folder that holds other domains' shards says how many of its own are done (it
+    once said "61/54 shards": every shard in the folder over the run's wanted ones)."""
+    from metasd.decoding import loading
+
+    other = [i for i in range(12) if corpus.shard_plan(i)[0] != "math"][:3]
+    held = corpus.HeldOut.default()
+    for i in other:
+        rows, info = corpus.make_shard(i, offline, _args(), held)
+        corpus.write_shard(tmp_path, i, rows, info)
+    monkeypatch.setattr(loading, "load_bundle", lambda *a, **k: offline)
+    assert corpus.main(["--out", str(tmp_path), "--shards", "12", "--domains", "math", "--prompts-per-shard", "2",
+                        "--max-new-tokens", "4", "--batch", "2"]) == 0
+    err = capsys.readouterr().err
+    math = [i for i in range(12) if corpus.shard_plan(i)[0] == "math"]
+    assert len(math) == 2 and corpus.done_shards(tmp_path) == sorted(other + math)
+    assert "1/2 shards" in err and "2/2 shards" in err and "5/2" not in err
+
+
 def test_answers_equal_the_targets_own_greedy(offline, reference_model):
     """Batched, left-padded answers are the target's greedy answers (a padding bug shows here)."""
     import torch

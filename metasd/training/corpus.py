@@ -408,9 +408,10 @@ def main(argv: list[str] | None = None) -> int:
         el = time.perf_counter() - t_start
         rate = made_tok / el
         eta = el / (n + 1) * (len(todo) - n - 1)
+        have.add(i)  # of this run's wanted shards (the folder may hold other domains' too: the manifest counts all)
         log(f"[corpus] shard {i} {info['domain']}/{info['split']}: {info['answers']} answers, "
             f"{info['answer_tokens']} tokens in {info['seconds']:.0f} s ({info['answer_tokens_per_s']:.0f} tok/s); "
-            f"{man['shards']}/{len(wanted)} shards, {man['answer_tokens']:,} tokens; "
+            f"{len(have & set(wanted))}/{len(wanted)} shards, {man['answer_tokens']:,} tokens in the folder; "
             f"{rate:.0f} tok/s this run, ETA {time.strftime('%H:%M:%S', time.gmtime(eta))}")
     return 0
 
