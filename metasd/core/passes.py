@@ -51,9 +51,9 @@ class HeadPart:
     """A white-box head's step over one request's rows (metasd.drafting.whitebox), asked of the driver as a
     DraftPart is: feature rows `g` ([T, width]: fused target features, or the head's own output state) with
     the tokens that follow them (`tokens`, [T]) at positions `pos` ([1, T]), after this request's cached keys
-    and values `past`. Answered with (output states [1, T, width], this call's keys, values, the draft logits
-    of the last row); the shared rounds run every request's part for the same head in one call
-    (`WhiteBoxHead.run_together`)."""
+    and values `past`. Answered with (output states [1, T, width], the keys and values of past and these rows
+    together (the request's cache after the step), the draft logits of the last row); the shared rounds run
+    every request's part for the same head in one call (`WhiteBoxHead.run_together`)."""
 
     model: torch.nn.Module
     g: torch.Tensor

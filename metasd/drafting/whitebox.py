@@ -184,8 +184,11 @@ class WhiteBoxHead(nn.Module):
     def inputs(self, g: torch.Tensor, next_tokens: torch.Tensor) -> torch.Tensor:
         """The layer's input at each position: a feature (fused target features, or the head's own output
         state) with the embedding of the token that follows it."""
-        e = self.embed(next_tokens).to(g.dtype)
-        return self.fc(torch.cat((g, e), dim=-1))
+        return self.fc(self.pair(g, next_tokens))
+
+    def pair(self, g: torch.Tensor, next_tokens: torch.Tensor) -> torch.Tensor:
+        """`fc`'s input: each feature row beside the embedding of the token after it."""
+        return torch.cat((g, self.embed(next_tokens).to(g.dtype)), dim=-1)
 
     def logits(self, a: torch.Tensor) -> torch.Tensor:
         return self.lm_head(self.norm(a))
@@ -202,27 +205,26 @@ class WhiteBoxHead(nn.Module):
         L, c = self.layer, self.c
         at = L.self_attn
         g, nxt = torch.cat([p.g for p in parts]), torch.cat([p.tokens for p in parts])
-        x = rows(self.fc, torch.cat((g, self.embed(nxt).to(g.dtype)), dim=-1)[None])  # `inputs`, row by row
+        x = rows(self.fc, self.pair(g, nxt)[None])  # `inputs`, row by row
         pos = torch.cat([p.pos for p in parts], dim=1)
         n = x.shape[1]
         hn = rows(L.input_layernorm, x)
         q, k, v = (rows(f, hn).view(1, n, -1, c.head_dim).transpose(1, 2) for f in (at.q_proj, at.k_proj, at.v_proj))
         q, k = at.rope(q, pos), at.rope(k, pos)
-        mixed, a = [], 0
-        for p in parts:
-            b = a + len(p.tokens)
+        edges = list(itertools.accumulate((len(p.tokens) for p in parts), initial=0))
+        mixed, caches = [], []
+        for p, (a, b) in zip(parts, itertools.pairwise(edges), strict=True):
             keys = k[:, :, a:b] if p.past is None else torch.cat((p.past[0], k[:, :, a:b]), dim=2)
             vals = v[:, :, a:b] if p.past is None else torch.cat((p.past[1], v[:, :, a:b]), dim=2)
             n_past = keys.shape[2] - (b - a)
             mask = torch.ones(b - a, keys.shape[2], dtype=torch.bool, device=x.device).tril(n_past)
             mixed.append(at.mix(q[:, :, a:b], keys, vals, mask))
-            a = b
+            caches.append((keys, vals))
         h = x + rows(at.o_proj, torch.cat(mixed, dim=1))
         out = rows(L.ffn, h)
-        edges = list(itertools.accumulate((len(p.tokens) for p in parts), initial=0))
         last = rows(self.logits, out[:, [e - 1 for e in edges[1:]]])[0]
-        return [(out[:, lo:hi], k[:, :, lo:hi], v[:, :, lo:hi], last[j])
-                for j, (lo, hi) in enumerate(itertools.pairwise(edges))]
+        return [(out[:, lo:hi], keys, vals, last[j])
+                for j, ((lo, hi), (keys, vals)) in enumerate(zip(itertools.pairwise(edges), caches, strict=True))]
 
 
 def own_state(head: WhiteBoxHead) -> dict[str, torch.Tensor]:
@@ -362,9 +364,7 @@ class WhiteBoxDrafter(Drafter):
         """The head's step over feature rows g and their next tokens at pos after its cache, asked of whoever
         drives (a HeadPart): its output states and its last row's draft logits; the cache grows."""
         past = None if self.k is None else (self.k, self.v)
-        a, k, v, last = yield HeadPart(self.head, g, nxt, pos, past)
-        self.k = k if past is None else torch.cat((past[0], k), dim=2)
-        self.v = v if past is None else torch.cat((past[1], v), dim=2)
+        a, self.k, self.v, last = yield HeadPart(self.head, g, nxt, pos, past)
         return a, last
 
     def _logits(self, a: torch.Tensor) -> torch.Tensor:

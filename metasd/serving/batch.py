@@ -485,7 +485,8 @@ class Rounds:
         """Run one pass for `group` and hand each member its result. A failed pass of several is run again for
         each member alone, its caches first rolled back to where the pass found them: only a member whose own
         pass fails ends (with the error), the others go on as if nothing had happened."""
-        lengths = [c.get_seq_length() if (c := _cache_of(m.x)) is not None else 0 for m in group]
+        caches = [_cache_of(m.x) for m in group]
+        lengths = [0 if c is None else c.get_seq_length() for c in caches]
         try:
             results = run(group)
         except Exception as e:  # noqa: BLE001  (a failed pass fails its requests, never the driver)
@@ -494,9 +495,9 @@ class Rounds:
                 return
             log.warning("shared rounds: a pass of %d runs failed (%s: %s); each runs alone", len(group),
                         type(e).__name__, e)
-            for m, n in zip(group, lengths, strict=True):
-                if _cache_of(m.x) is not None:
-                    crop_to(_cache_of(m.x), n)
+            for m, c, n in zip(group, caches, lengths, strict=True):
+                if c is not None:
+                    crop_to(c, n)
                 self._answer([m], run)
             return
         for m, result in zip(group, results, strict=True):
@@ -555,7 +556,8 @@ class Rounds:
         model = parts[0].model
         heads = isinstance(parts[0], HeadPart)
         if (len(parts) == 1 and not self.block) or not self.drafts_together(model):
-            return [head_alone(d) if isinstance(d, HeadPart) else forward_alone(d) for d in parts]
+            alone = head_alone if heads else forward_alone
+            return [alone(d) for d in parts]
         t = time.perf_counter()
         if heads:
             out = model.run_together(parts, lambda fn, x: rowwise(fn, x, self.block))
