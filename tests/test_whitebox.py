@@ -108,6 +108,41 @@ def test_drafting_computes_what_training_trained():
     assert d.k.shape[2] == n - 1 and len(d.tokens) == n - 1
 
 
+@pytest.mark.parametrize("window", [0, 8])
+def test_features_held_are_the_positions_handed_over(window):
+    """take_features writes in place into a buffer that grows: after rounds of different sizes, rollbacks (a round
+    hands over again from a rejected position on), a jump (a long idle spell: the history restarts) and, with a
+    window, trimming, the rows held are exactly those a plain list of every position's last handed-over row
+    says, from f0 on."""
+    target = tiny_llama(vocab=48, layers=3, seed=1)
+    head = build_head(target, HeadConfig.from_target(target.config), None)
+    d = WhiteBoxDrafter("h", head, 48, 48, window=window)
+    d.reset([])
+    layers, width = d.feature_layers, head.c.hidden_size
+    g = torch.Generator().manual_seed(3)
+    truth: dict[int, torch.Tensor] = {}
+    start = 0
+    for step, (back, rows) in enumerate([(0, 40), (0, 3), (1, 5), (0, 1), (2, 4)] + [(0, 7), (3, 9)] * 40
+                                        + [(-500, 6), (0, 2)]):
+        start = max(0, start - back) if back >= 0 else start - back  # back < 0: a jump forward past a gap
+        if back < 0:
+            truth.clear()
+        hidden = tuple(torch.randn(1, rows + 2, width, generator=g) for _ in range(4))
+        d.take_features(start, hidden, rows)
+        for r in range(rows):
+            truth[start + r] = torch.cat([hidden[i][0, r] for i in layers])
+        for pos in [p for p in truth if p >= start + rows]:  # a rollback drops what followed
+            del truth[pos]
+        start += rows
+        held = d.feats
+        assert d.f0 + held.shape[0] == start, step
+        assert torch.equal(held, torch.stack([truth[p] for p in range(d.f0, start)])), step
+        if window:
+            assert held.shape[0] <= 2 * (window + 64)
+    assert d.feats.shape[0] == 8 and d.f0 == start - 8  # the jump restarted the history
+    assert torch.equal(d._feature_rows(start - 3, start), d.feats[-3:]) and d._feature_rows(d.f0 - 1, start) is None
+
+
 def _first_position_hits(target, head, ids: list[int], starts: list[int], shift: int = 0) -> list[bool]:
     """Offline, as training scores a head: one teacher-forced target pass over the whole text, step 1 of
     training-time test on its features; for each position n, whether the head's top-1 for token n is ids[n].

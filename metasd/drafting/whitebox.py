@@ -299,29 +299,50 @@ class WhiteBoxDrafter(Drafter):
         self.reset([])
 
     def reset(self, prompt_ids: list[int]) -> None:
-        self.feats: torch.Tensor | None = None  # [n, len(layers) * d] raw target features
-        self.f0 = 0  # position of feats' row 0
+        self._buf: torch.Tensor | None = None  # [capacity, len(layers) * d]: rows 0 .. nf - 1 hold features
+        self.nf = 0
+        self.f0 = 0  # position of the features' row 0
         self.k = self.v = None  # head cache [1, kv_heads, T, D] for positions c0 .. c0 + T - 1
         self.c0 = 0
         self.tokens: list[int] = []  # ids[c0 + 1 : c0 + 1 + T]: the next tokens those positions read
 
     # ---- features from the engine ----------------------------------------------------------
 
+    @property
+    def feats(self) -> torch.Tensor | None:
+        """The raw target features held, [n, len(layers) * d], row 0 at position f0 (a view)."""
+        return None if self._buf is None else self._buf[: self.nf]
+
     def take_features(self, start: int, hidden: tuple[torch.Tensor, ...], rows: int) -> None:
-        new = torch.cat([hidden[i][0, :rows] for i in self.feature_layers], dim=-1).to(self.dtype)
-        if self.feats is None or start < self.f0 or start > self.f0 + self.feats.shape[0]:
-            self.feats, self.f0 = new, start
-        else:
-            self.feats = torch.cat((self.feats[: start - self.f0], new))
+        # Written in place into a buffer that doubles when full: every round adds a few rows, and copying
+        # the whole history each time (as a concatenation would) grows with the answer's length.
+        off = start - self.f0
+        if self._buf is None or off < 0 or off > self.nf:
+            self.f0, self.nf, off = start, 0, 0
+        need = off + rows
+        if self._buf is None or need > self._buf.shape[0]:
+            width = sum(hidden[i].shape[-1] for i in self.feature_layers)
+            cap = max(need, 2 * (0 if self._buf is None else self._buf.shape[0]), 256)
+            grown = torch.empty(cap, width, dtype=self.dtype, device=hidden[self.feature_layers[0]].device)
+            if off:
+                grown[:off] = self._buf[:off]
+            self._buf = grown
+        col = 0
+        for i in self.feature_layers:
+            d = hidden[i].shape[-1]
+            self._buf[off:need, col : col + d] = hidden[i][0, :rows]
+            col += d
+        self.nf = need
         keep = (self.window or 1 << 30) + 64  # a cold start reads at most `window` positions back
-        if self.feats.shape[0] > 2 * keep:
-            cut = self.feats.shape[0] - keep
-            self.feats, self.f0 = self.feats[cut:], self.f0 + cut
+        if self.nf > 2 * keep:  # rows cut..nf move to the front (no overlap: cut > keep)
+            cut = self.nf - keep
+            self._buf[:keep] = self._buf[cut : self.nf]
+            self.f0, self.nf = self.f0 + cut, keep
 
     def _feature_rows(self, lo: int, hi: int) -> torch.Tensor | None:
-        if self.feats is None or lo < self.f0 or hi > self.f0 + self.feats.shape[0]:
+        if self._buf is None or lo < self.f0 or hi > self.f0 + self.nf:
             return None
-        return self.feats[lo - self.f0 : hi - self.f0]
+        return self._buf[lo - self.f0 : hi - self.f0]
 
     # ---- the head's cache -------------------------------------------------------------------
 
@@ -345,7 +366,7 @@ class WhiteBoxDrafter(Drafter):
             self.tokens = []
             c = 0
             self.c0 = max(0, min(feed_from, upto - self.window)) if self.window else 0
-            if self.feats is not None:
+            if self._buf is not None:
                 self.c0 = max(self.c0, self.f0)
         self._crop(c)
         lo = self.c0 + c
