@@ -80,8 +80,10 @@ DISTILLED_DRAFTERS = (
 
 # White-box heads (metasd/drafting/whitebox.py, the paper's MetaEAGLE arms): one decoder layer reading the target's
 # hidden states at three depths, trained per domain (python -m metasd.training.train --kind white-box); weights in
-# assets/drafters/<name>.safetensors with a model card beside each. A cold start reads the last 128 positions.
-WHITE_BOX_WINDOW = 128
+# assets/drafters/<name>.safetensors with a model card beside each. A cold start (first pull, a long idle spell)
+# reads the last 64 positions: as accurate as 128 on Spec-Bench's math and coding prompts, and a class on heads
+# pays half the catch-up (docs/BENCHMARKS.md, *The heads as default arms*).
+WHITE_BOX_WINDOW = 64
 WHITE_BOX_DRAFTERS = (
     DrafterSpec("code-eagle", "white-box", "EAGLE-style head on the target's hidden states, trained on its answers "
                 "to code prompts", window=WHITE_BOX_WINDOW),
