@@ -331,13 +331,6 @@ def chain_steps(logits: torch.Tensor, k: int, s: Sampling, generator: torch.Gene
     return tokens, qs
 
 
-def draft_chain(logits: torch.Tensor, k: int, s: Sampling, generator: torch.Generator | None, min_confidence: float,
-                advance: Callable[[torch.Tensor, int], torch.Tensor]) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
-    """chain_steps with `advance(token, i)` feeding token i and returning the logits after it."""
-    fed = iter(range(k))
-    return solo(chain_steps(logits, k, s, generator, min_confidence), lambda x: advance(x, next(fed)))
-
-
 class ModelDrafter(Drafter):
     """Any causal LM that shares the target's tokenizer, with its own KV cache.
 
