@@ -116,8 +116,8 @@ PRESETS: dict[str, Preset] = {
             # layer-skip costs 0.83 of a target step per drafted token on the development CPU
             # (assets/drafters/costs.json) and ran at 0.64x alone on Spec-Bench (2026-12-01, docs/BENCHMARKS.md).
             # The code and math heads beat the distilled drafters on the page's math and code examples, but a
-            # class of 32 on them makes 11% fewer tokens/s, even with their steps shared (docs/BENCHMARKS.md,
-            # The heads as default arms), so they stay selectable, not default.
+            # class of 32 on the 14 examples makes 4-6% fewer tokens/s on them, even with their steps shared
+            # (docs/BENCHMARKS.md, The heads as default arms), so they stay selectable, not default.
             bandit_drafters=("prompt-lookup", "token-recycling", "retrieval", *(d.name for d in DISTILLED_DRAFTERS)),
         ),
         Preset(
