@@ -33,13 +33,16 @@ import numpy as np
 
 from metasd.paths import EXAMPLES_FILE
 from metasd.training import sources
-from metasd.training.train_data import SPECBENCH, chat_prompts, code_prompts, math_prompts
+from metasd.training.train_data import MATH_PROMPTS_VERSION, SPECBENCH, chat_prompts, code_prompts, math_prompts
 
 DOMAINS = ("code", "math", "translation", "summarization", "qa", "chat")
 FORMAT = "metasd-corpus-1"
 HELD_OUT_NGRAM = 8
 EVAL_EVERY = 16  # rounds of shards; round 1 of every 16 is held out
 OWN = "own templates (this repository, Apache-2.0)"
+# The version of a domain's prompt makers, recorded in each shard: a shard keeps the prompts it was made from,
+# so a folder may hold shards of an earlier version (their json says which).
+PROMPTS_VERSION = {"math": MATH_PROMPTS_VERSION}
 
 
 @dataclass(frozen=True)
@@ -317,7 +320,9 @@ def write_manifest(out: Path) -> dict:
            "generation_seconds": round(sum(s["seconds"] for s in shards), 1),
            "by_domain": {k: dict(v) for k, v in sorted(by.items())}, "licences": licences,
            "settings": shards[-1]["settings"] if shards else {}}
-    (out / "manifest.json").write_text(json.dumps(man, indent=1) + "\n", encoding="utf-8")
+    tmp = out / f"manifest.json.{os.getpid()}.tmp"  # two runs may share a folder (`--only` splits the work)
+    tmp.write_text(json.dumps(man, indent=1) + "\n", encoding="utf-8")
+    os.replace(tmp, out / "manifest.json")
     return man
 
 
@@ -334,7 +339,8 @@ def make_shard(i: int, bundle, a: argparse.Namespace, held: HeldOut) -> tuple[li
     rows = [(ids, ans) for (_, ids), ans in zip(encoded, outs, strict=True) if ans]
     ntok = sum(len(x) for _, x in rows)
     info = {"format": FORMAT, "shard": i, "domain": domain, "split": split, "seed": i,
-            "prompts": len(prompts), "held_out_dropped": len(prompts) - len(kept),
+            "prompts": len(prompts), "prompts_version": PROMPTS_VERSION.get(domain, 1),
+            "held_out_dropped": len(prompts) - len(kept),
             "too_long_dropped": len(kept) - len(encoded), "answers": len(rows),
             "prompt_tokens": sum(len(p) for p, _ in rows), "answer_tokens": ntok,
             "seconds": round(secs, 1), "answer_tokens_per_s": round(ntok / max(secs, 1e-9), 1),

@@ -185,9 +185,15 @@ def _word_problem(rng: random.Random) -> str:
     return f"What is {a * c} divided by {c}, plus {b} times {rng.randint(2, 9)}? Explain step by step."
 
 
+MATH_PROMPTS_VERSION = 2  # 1: the twelve one-step templates alone; 2: three in four composed multi-step problems
+
+
 def math_prompts(rng: random.Random, n: int) -> list[str]:
+    from metasd.training.word_problems import word_problem
+
     suffixes = ["", "", " Explain your reasoning step by step.", " Show your work.", " Think step by step."]
-    return [_word_problem(rng) + rng.choice(suffixes) for _ in range(n)]
+    return [(word_problem(rng) if rng.random() < 0.75 else _word_problem(rng)) + rng.choice(suffixes)
+            for _ in range(n)]
 
 
 def chat_prompts(rng: random.Random, n: int) -> list[str]:
