@@ -39,7 +39,7 @@ def test_training_time_test_mask():
     assert torch.equal(ttt_mask(4, 1), torch.ones(4, 4, dtype=torch.bool).tril())
 
 
-def _trained_tiny(steps: int = 60):
+def _trained_tiny(steps: int = 60, bf16: bool = False):
     """A tiny target, its answers with features, and a head trained on them for a few steps."""
     torch.manual_seed(0)
     target = tiny_llama(vocab=48, layers=3, hidden=32, seed=3, scale=4.0)
@@ -50,7 +50,7 @@ def _trained_tiny(steps: int = 60):
     data = with_features(target, ex, c.feature_layers)
     head = build_head(target, c, draft_vocabulary(ex, 40, 48), init_layer=2)
     before = evaluate(head, data[:6], 3)
-    stats = train_head(head, data[6:], steps, 3, 4, 3e-3)
+    stats = train_head(head, data[6:], steps, 3, 4, 3e-3, bf16=bf16)
     return target, prompts, data, head, before, stats
 
 
@@ -75,6 +75,41 @@ def test_training_learns_and_the_file_round_trips(tmp_path):
     save_drafter(make_drafter(target, 1, 0), tmp_path / "d.safetensors", {})
     with pytest.raises(ValueError, match="not a MetaSD white-box head"):
         load_head(tmp_path / "d.safetensors", target, torch.device("cpu"), torch.float32)
+
+
+def test_bf16_autocast_training_learns_as_float32_does(monkeypatch):
+    """Under autocast the head's matrix products run in bfloat16 (seen inside the training pass), its weights
+    stay float32, and it learns: held-out loss falls and agreement rises as in float32 training."""
+    import metasd.training.train_whitebox as tw
+
+    seen: list[torch.dtype] = []
+    real = tw.unrolled_states
+
+    def spy(head, ids, feats, unroll):
+        out = real(head, ids, feats, unroll)
+        if torch.is_grad_enabled():
+            seen.append(out[0].dtype)
+        return out
+
+    monkeypatch.setattr(tw, "unrolled_states", spy)
+    _, _, data, head, before, stats = _trained_tiny(bf16=True)
+    assert stats["bf16_autocast"] is True and set(seen) == {torch.bfloat16}
+    assert all(p.dtype == torch.float32 for p in head.parameters())
+    after = evaluate(head, data[:6], 3)  # scored in float32, as the engine runs it
+    assert after["loss"] < before["loss"] and after["agreement"][0] > before["agreement"][0]
+    seen.clear()
+    _, _, _, _, _, stats32 = _trained_tiny(steps=2)
+    assert stats32["bf16_autocast"] is False and set(seen) == {torch.float32}
+
+
+def test_bf16_is_chosen_where_the_cpu_multiplies_it_in_hardware():
+    from metasd.training.common import cpu_has_fast_bf16, use_bf16
+
+    amx = "processor\t: 0\nflags\t\t: fpu avx2 avx512f amx_bf16 amx_tile\n"
+    assert cpu_has_fast_bf16(amx) and cpu_has_fast_bf16("flags : sse avx512_bf16")
+    assert not cpu_has_fast_bf16("flags\t: fpu sse avx2 avx512f\n") and not cpu_has_fast_bf16("")
+    assert use_bf16("on", torch.device("cpu")) and not use_bf16("off", torch.device("cuda"))
+    assert use_bf16("auto", torch.device("cuda"))
 
 
 def test_drafting_computes_what_training_trained():

@@ -151,12 +151,34 @@ def draft_vocabulary(examples: list[Example], size: int, vocab_size: int) -> tor
     return chosen.nonzero().view(-1)
 
 
+def cpu_has_fast_bf16(cpuinfo: str | None = None) -> bool:
+    """Whether this CPU multiplies bfloat16 in hardware (AMX tiles or AVX-512 BF16): there autocast training
+    runs about twice as fast (docs/BENCHMARKS.md, *Training in bfloat16*); elsewhere bf16 is emulated, slower."""
+    if cpuinfo is None:
+        try:
+            cpuinfo = Path("/proc/cpuinfo").read_text(encoding="utf-8", errors="replace")
+        except OSError:
+            return False
+    flags = {f for line in cpuinfo.splitlines() if line.startswith("flags") for f in line.split(":", 1)[1].split()}
+    return bool(flags & {"amx_bf16", "avx512_bf16"})
+
+
+def use_bf16(choice: str, device: torch.device) -> bool:
+    """`--bf16 auto|on|off`: auto is on for a GPU and for a CPU with bf16 in hardware."""
+    if choice in ("on", "off"):
+        return choice == "on"
+    return device.type == "cuda" or (device.type == "cpu" and cpu_has_fast_bf16())
+
+
 def fit(params: list[torch.nn.Parameter], batch_loss: Callable[[], tuple[torch.Tensor, torch.Tensor]], steps: int,
-        lr: float, warmup: int = 20, budget_s: float = 0.0, desc: str = "train") -> dict:
+        lr: float, warmup: int = 20, budget_s: float = 0.0, desc: str = "train", bf16: bool = False) -> dict:
     """AdamW over `params` for `steps` steps (or until `budget_s` seconds have passed, where given), with a
     linear warm-up then a cosine down to a tenth of `lr`; `batch_loss()` draws a batch and returns its loss
-    and per-label top-1 agreement. Returns the run's record (steps done, time, first/final loss, agreement)."""
+    and per-label top-1 agreement. With `bf16` the forward pass runs under bfloat16 autocast (the weights,
+    their gradients and the optimiser stay float32, so what ships is trained as usual, only its matrix
+    products rounded). Returns the run's record (steps done, time, first/final loss, agreement)."""
     opt = torch.optim.AdamW(params, lr=lr, betas=(0.9, 0.95), weight_decay=0.0)
+    device_type = params[0].device.type if params else "cpu"
 
     def lr_at(step: int, elapsed: float) -> float:
         if step < warmup:
@@ -175,7 +197,8 @@ def fit(params: list[torch.nn.Parameter], batch_loss: Callable[[], tuple[torch.T
             break
         for g in opt.param_groups:
             g["lr"] = lr_at(step, elapsed)
-        loss, agree = batch_loss()
+        with torch.autocast(device_type, dtype=torch.bfloat16, enabled=bf16):
+            loss, agree = batch_loss()
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(params, 1.0)
@@ -189,7 +212,8 @@ def fit(params: list[torch.nn.Parameter], batch_loss: Callable[[], tuple[torch.T
     return {"steps": len(history), "train_seconds": round(time.perf_counter() - t0, 1),
             "first_loss": round(history[0][0], 4) if history else None,
             "final_loss": round(sum(x for x, _ in tail) / len(tail), 4) if tail else None,
-            "final_train_agreement": round(sum(a for _, a in tail) / len(tail), 4) if tail else None}
+            "final_train_agreement": round(sum(a for _, a in tail) / len(tail), 4) if tail else None,
+            "bf16_autocast": bf16}
 
 
 def encode_chat(tokenizer, prompts: list[str]) -> list[list[int]]:

@@ -27,7 +27,7 @@ from tqdm import tqdm
 
 from metasd.drafting.files import DraftHead, card_file_lines, parameter_count, read_info, write_card_text
 from metasd.drafting.whitebox import HeadConfig, WhiteBoxHead, build_head, load_head, save_head
-from metasd.training.common import Example, corpus_line, draft_vocabulary, earlier_record, fit
+from metasd.training.common import Example, corpus_line, draft_vocabulary, earlier_record, fit, use_bf16
 
 
 @dataclass
@@ -160,7 +160,8 @@ def evaluate(head: WhiteBoxHead, data: list[Sequence], unroll: int, batch_size: 
 
 
 def train_head(head: WhiteBoxHead, data: list[Sequence], steps: int, unroll: int = 3, batch_size: int = 8,
-               lr: float = 1e-3, warmup: int = 30, seed: int = 0, budget_s: float = 0.0, desc: str = "white-box") -> dict:
+               lr: float = 1e-3, warmup: int = 30, seed: int = 0, budget_s: float = 0.0, desc: str = "white-box",
+               bf16: bool = False) -> dict:
     """AdamW on the head's own weights (fuse, fc, layer, norm); stops at `steps` or after `budget_s` seconds.
     The agreement it reports is step 1's (the first draft position)."""
     params = list(head.parameters())  # the shared embedding and LM head are held, not registered
@@ -173,7 +174,7 @@ def train_head(head: WhiteBoxHead, data: list[Sequence], steps: int, unroll: int
         loss, agree = unrolled_loss(head, rng.sample(data, min(batch_size, len(data))), unroll)
         return loss, agree[0]
 
-    stats = fit(params, batch_loss, steps, lr, warmup, budget_s, desc)
+    stats = fit(params, batch_loss, steps, lr, warmup, budget_s, desc, bf16=bf16)
     head.eval().requires_grad_(False)
     return {**stats, "planned_steps": steps, "unroll": unroll, "batch_size": batch_size, "lr": lr}
 
@@ -201,7 +202,7 @@ def run_white_box(a, bundle, train_ex: list[Example], eval_ex: list[Example], ge
         head = build_head(target, c, vocab, init_layer=init_layer)
     before = evaluate(head, held, a.unroll)
     stats = train_head(head, train, a.steps, a.unroll, a.batch_size, a.lr, seed=a.seed, budget_s=60 * a.budget_min,
-                       desc=f"{a.domain}: white-box")
+                       desc=f"{a.domain}: white-box", bf16=use_bf16(a.bf16, target.device))
     info = {"kind": "white-box", "domain": a.domain, "target": bundle.preset.target,
             "feature_layers": list(c.feature_layers), "init_layer": init_layer,
             "train_sequences": len(train), "train_labels": sum(len(x.pos) for x in train),
@@ -266,7 +267,7 @@ def _head_training_lines(info: dict) -> list[str]:
         "## Training", "",
         f"- {info.get('steps')} AdamW steps (of {info.get('planned_steps')} planned), batch {info.get('batch_size')}, "
         f"lr {info.get('lr')}, training-time test over {info.get('unroll')} steps, {info.get('train_seconds')} s "
-        "on a 2-core CPU",
+        f"on a 2-core CPU{', forward passes under bfloat16 autocast' if info.get('bf16_autocast') else ''}",
         *([f"- continued (`--resume`) from the same head after {info['earlier']['steps']} earlier steps "
            f"({info['earlier'].get('train_seconds')} s in its last run); \"at initialisation\" below is this run's start"]
           if info.get("earlier") else []),
