@@ -179,3 +179,6 @@ def test_a_drafter_trains_from_corpus_shards(tmp_path):
     a = argparse.Namespace(corpus=str(tmp_path), domain="chat", seed=0, topk=4, eval_prompts=8)
     train_ex, eval_ex, secs = corpus_data(a, target)
     assert len(train_ex) == 2 and len(eval_ex) == 1 and secs == 3.0
+    # A white-box head's run leaves them unscored: its features pass labels them (one target pass, not two).
+    heads = corpus_data(argparse.Namespace(**vars(a), kind="white-box"), target)[0]
+    assert [e.top_ids for e in heads] == [None, None] and [e.labels for e in heads] == [e.labels for e in train_ex]

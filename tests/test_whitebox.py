@@ -77,6 +77,27 @@ def test_training_learns_and_the_file_round_trips(tmp_path):
         load_head(tmp_path / "d.safetensors", target, torch.device("cpu"), torch.float32)
 
 
+def test_one_target_pass_gives_a_heads_features_and_labels():
+    """Corpus rows left unscored are labelled by the features pass itself: the same top-k labels, the same
+    features, as scoring them first (a pass of its own) and then taking features."""
+    from metasd.training.common import corpus_examples
+
+    target = tiny_llama(vocab=48, layers=3, hidden=32, seed=3, scale=4.0)
+    g = torch.Generator().manual_seed(1)
+    rows = [(torch.randint(1, 48, (int(n),), generator=g).tolist(), torch.randint(1, 48, (int(m),), generator=g).tolist())
+            for n, m in torch.randint(3, 30, (11, 2), generator=g)]
+    layers = HeadConfig.from_target(target.config).feature_layers
+    scored = corpus_examples(target, rows, topk=5)
+    unscored = corpus_examples(target, rows, topk=5, score=False)
+    assert all(e.top_ids is None for e in unscored)
+    assert [e.labels for e in unscored] == [e.labels for e in scored]  # counted before scoring, too
+    two = with_features(target, scored, layers)
+    one = with_features(target, unscored, layers, topk=5)
+    for a, b, ea, eb in zip(two, one, scored, unscored, strict=True):
+        assert torch.equal(ea.top_ids, eb.top_ids) and torch.allclose(ea.top_logp, eb.top_logp, atol=1e-5)
+        assert torch.equal(a.pos, b.pos) and torch.equal(a.top_ids, b.top_ids) and torch.equal(a.feats, b.feats)
+
+
 def test_bf16_autocast_training_learns_as_float32_does(monkeypatch):
     """Under autocast the head's matrix products run in bfloat16 (seen inside the training pass), its weights
     stay float32, and it learns: held-out loss falls and agreement rises as in float32 training."""

@@ -33,12 +33,13 @@ class Example:
 
     ids: list[int]
     start: int
-    top_ids: torch.Tensor  # [n, k] int64
-    top_logp: torch.Tensor  # [n, k] float32: log-probabilities under the full softmax
+    # None until scored: a white-box head's features pass scores corpus rows in the same target pass.
+    top_ids: torch.Tensor | None  # [n, k] int64
+    top_logp: torch.Tensor | None  # [n, k] float32: log-probabilities under the full softmax
 
     @property
     def labels(self) -> int:
-        return self.top_ids.shape[0]
+        return self.top_ids.shape[0] if self.top_ids is not None else max(0, len(self.ids) - 1 - self.start)
 
 
 def topk_logp(logits: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -123,11 +124,15 @@ CORPUS_DOMAINS = {"code": ("code",), "math": ("math",), "chat": ("chat", "qa", "
 
 
 def corpus_examples(target: PreTrainedModel, rows: list[tuple[list[int], list[int]]], batch_size: int = 8,
-                    topk: int = 16, max_len: int = 512, desc: str = "target on the corpus") -> list[Example]:
+                    topk: int = 16, max_len: int = 512, desc: str = "target on the corpus",
+                    score: bool = True) -> list[Example]:
     """(prompt ids, answer ids) pairs of the corpus as examples: the target's top-k next-token distributions at
     every answer token, teacher-forced (the shards keep ids only). The row after the prompt's last id predicts
-    the answer's first."""
+    the answer's first. `score=False` leaves them unscored, for a caller whose own target pass scores them
+    (`train_whitebox.with_features`: one pass for features and labels instead of two)."""
     kept = [((p + a)[:max_len], len(p) - 1) for p, a in rows if a and len(p) < max_len]
+    if not score:
+        return [Example(list(s), start, None, None) for s, start in kept]
     return teacher_forced(target, kept, batch_size, topk, desc)
 
 

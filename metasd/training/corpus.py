@@ -302,8 +302,10 @@ def corpus_data(a: argparse.Namespace, target: Any) -> tuple[list, list, float]:
     if not rows["train"]:
         raise SystemExit(f"{a.corpus} has no finished train shards of {', '.join(domains)}")
     random.Random(a.seed).shuffle(rows["eval"])
-    train_ex = corpus_examples(target, rows["train"], topk=a.topk, desc=f"{a.domain}: target on the corpus")
-    eval_ex = corpus_examples(target, rows["eval"][: a.eval_prompts], topk=a.topk, desc=f"{a.domain}: held out")
+    score = getattr(a, "kind", "distilled") != "white-box"  # a head's features pass scores the rows itself
+    train_ex = corpus_examples(target, rows["train"], topk=a.topk, desc=f"{a.domain}: target on the corpus", score=score)
+    eval_ex = corpus_examples(target, rows["eval"][: a.eval_prompts], topk=a.topk, desc=f"{a.domain}: held out",
+                              score=score)
     manifest = Path(a.corpus) / "manifest.json"
     secs = json.loads(manifest.read_text(encoding="utf-8")).get("generation_seconds", 0.0) if manifest.exists() else 0.0
     return train_ex, eval_ex, float(secs)

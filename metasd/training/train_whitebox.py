@@ -27,7 +27,7 @@ from tqdm import tqdm
 
 from metasd.drafting.files import DraftHead, card_file_lines, parameter_count, read_info, write_card_text
 from metasd.drafting.whitebox import HeadConfig, WhiteBoxHead, build_head, load_head, save_head
-from metasd.training.common import Example, corpus_line, draft_vocabulary, earlier_record, fit, use_bf16
+from metasd.training.common import Example, corpus_line, draft_vocabulary, earlier_record, fit, topk_logp, use_bf16
 
 
 @dataclass
@@ -43,8 +43,9 @@ class Sequence:
 
 @torch.inference_mode()
 def with_features(target, examples: list[Example], layers: tuple[int, ...], max_len: int = 512,
-                  batch_size: int = 8, desc: str = "target features") -> list[Sequence]:
-    """One teacher-forced target pass per sequence (batched, right-padded) for the features at `layers`."""
+                  batch_size: int = 8, desc: str = "target features", topk: int = 16) -> list[Sequence]:
+    """One teacher-forced target pass per sequence (batched, right-padded) for the features at `layers`; an
+    example not yet scored (top_ids None) gets its top-k labels from the same pass's logits, in place."""
     dev = next(target.parameters()).device
     out: list[Sequence] = []
     order = sorted(range(len(examples)), key=lambda i: len(examples[i].ids))
@@ -55,9 +56,11 @@ def with_features(target, examples: list[Example], layers: tuple[int, ...], max_
         inp = torch.zeros((len(seqs), width), dtype=torch.long)
         for r, s in enumerate(seqs):
             inp[r, : len(s)] = torch.tensor(s)
-        hs = target(input_ids=inp.to(dev), output_hidden_states=True).hidden_states
-        feats = torch.cat([hs[i] for i in layers], dim=-1).to(torch.float16).cpu()
+        res = target(input_ids=inp.to(dev), output_hidden_states=True)
+        feats = torch.cat([res.hidden_states[i] for i in layers], dim=-1).to(torch.float16).cpu()
         for r, (e, s) in enumerate(zip(batch, seqs, strict=True)):
+            if e.top_ids is None:
+                e.top_ids, e.top_logp = topk_logp(res.logits[r, e.start : len(s) - 1].cpu(), topk)
             # Label row j is the target's prediction after ids[start + j]; the head reads it at t = start + j - 1.
             j = torch.arange(e.labels)
             t = e.start + j - 1
@@ -185,8 +188,8 @@ def run_white_box(a, bundle, train_ex: list[Example], eval_ex: list[Example], ge
     target = bundle.target
     c = HeadConfig.from_target(target.config)
     t0 = time.perf_counter()
-    train = with_features(target, train_ex, c.feature_layers, desc=f"{a.domain}: target features")
-    held = with_features(target, eval_ex, c.feature_layers, desc=f"{a.domain}: held-out features")
+    train = with_features(target, train_ex, c.feature_layers, desc=f"{a.domain}: target features", topk=a.topk)
+    held = with_features(target, eval_ex, c.feature_layers, desc=f"{a.domain}: held-out features", topk=a.topk)
     feat_s = time.perf_counter() - t0
     earlier: dict = {}
     init_layer = target.config.num_hidden_layers - 1
