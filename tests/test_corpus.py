@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 
 import numpy as np
 import pytest
@@ -139,6 +140,28 @@ def test_the_progress_line_counts_this_runs_shards(offline, tmp_path, monkeypatc
     math = [i for i in range(12) if corpus.shard_plan(i)[0] == "math"]
     assert len(math) == 2 and corpus.done_shards(tmp_path) == sorted(other + math)
     assert "1/2 shards" in err and "2/2 shards" in err and "5/2" not in err
+
+
+def test_workers_split_the_shards_and_share_the_folder(tmp_path):
+    """`--workers 2`: two processes make every shard still to make, none twice, and the manifest counts all (as
+    a user runs it: the command in a subprocess, on the offline model)."""
+    import os
+    import subprocess
+    import sys
+
+    env = {**os.environ, "TOKENIZERS_PARALLELISM": "false"}
+    cmd = [sys.executable, "-m", "metasd.training.corpus", "--out", str(tmp_path), "--shards", "5", "--only", "0,2,3,4",
+           "--prompts-per-shard", "2", "--max-new-tokens", "3", "--batch", "2", "--workers", "2"]
+    run = subprocess.run(cmd, capture_output=True, text=True, timeout=240, env=env)
+    assert run.returncode == 0, run.stderr[-2000:]
+    assert corpus.done_shards(tmp_path) == [0, 2, 3, 4]  # --only is kept: shard 1 was not asked for
+    made = {int(m) for m in re.findall(r"\[corpus \d/2\] shard (\d+)", run.stderr)}
+    assert made == {0, 2, 3, 4} and "by 2 workers of 1 thread(s)" in run.stderr
+    assert "[corpus 1/2]" in run.stderr and "[corpus 2/2]" in run.stderr
+    assert json.loads((tmp_path / "manifest.json").read_text())["shards"] == 4
+    assert not list(tmp_path.glob("*.tmp"))
+    again = subprocess.run(cmd, capture_output=True, text=True, timeout=240, env=env)  # resumes: nothing left
+    assert again.returncode == 0 and "0 to make" in again.stderr and "by 2 workers" not in again.stderr
 
 
 def test_answers_equal_the_targets_own_greedy(offline, reference_model):

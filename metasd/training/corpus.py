@@ -1,6 +1,6 @@
 """The specialists' data: the target's own answers to prompts of the paper's domains, in shards.
 
-    python -m metasd.training.corpus --out data/corpus --hours 2        # runs unattended; rerun to resume
+    python -m metasd.training.corpus --out data/corpus --hours 2 --workers 2   # unattended; rerun to resume
 
 Shard i is one domain (`DOMAINS[i % 6]`) and its prompts come from seed i, so any machine rebuilds
 the same prompts and a rerun skips the shards already on disk: a stop loses at most the shard in
@@ -364,7 +364,11 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--max-new-tokens", type=int, default=256)
     ap.add_argument("--max-prompt-tokens", type=int, default=640)
     ap.add_argument("--batch", type=int, default=16, help="answers generated together (measured: docs/BENCHMARKS.md)")
-    ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--threads", type=int, default=1, help="torch threads of each worker")
+    ap.add_argument("--workers", type=int, default=1,
+                    help="processes making shards side by side, each with --threads (2 x 1 on a 2-core CPU: "
+                    "docs/BENCHMARKS.md); they split the shards to make and share the folder")
+    ap.add_argument("--tag", default="", help=argparse.SUPPRESS)  # a worker's name in its progress lines
     ap.add_argument("--only", default="", help="comma-separated shard numbers to make (tests, repairs)")
     ap.add_argument("--domains", default="", help=f"comma-separated domains ({', '.join(DOMAINS)}): make only the "
                     "shards the plan gives them (the others stay to make later); default: every domain")
@@ -382,7 +386,34 @@ def wanted_shards(a: argparse.Namespace) -> list[int]:
     return wanted
 
 
+def run_workers(a: argparse.Namespace, argv: list[str], todo: list[int]) -> int:
+    """`--workers N`: N processes of this command, each making every Nth shard still to make (`--only`)."""
+    import subprocess
+
+    parts = [todo[w :: a.workers] for w in range(a.workers)]
+    own = ("--workers", "--only", "--tag")  # set per worker below; every other option passes through
+    base: list[str] = []
+    args = iter(argv)
+    for x in args:
+        if x in own:
+            next(args, None)  # and its value
+        elif not x.startswith(tuple(f"{o}=" for o in own)):
+            base.append(x)
+    procs = [subprocess.Popen([sys.executable, "-m", "metasd.training.corpus", *base, "--workers", "1",
+                               "--only", ",".join(map(str, part)), "--tag", f"{w + 1}/{a.workers}"])
+             for w, part in enumerate(parts) if part]
+    try:
+        return max(p.wait() for p in procs)
+    except KeyboardInterrupt:  # a stop ends every worker; each loses at most the shard it was making
+        for p in procs:
+            p.terminate()
+        for p in procs:
+            p.wait()
+        return 130
+
+
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
     a = build_parser().parse_args(argv)
     import torch
 
@@ -395,11 +426,15 @@ def main(argv: list[str] | None = None) -> int:
     wanted = wanted_shards(a)
     have = set(done_shards(out))
     todo = [i for i in wanted if i not in have]
-    log = lambda m: print(m, file=sys.stderr, flush=True)  # noqa: E731
-    log(f"[corpus] {out}: {len(have)} shards done, {len(todo)} to make")
+    who = f"[corpus {a.tag}]" if a.tag else "[corpus]"
+    log = lambda m: print(m.replace("[corpus]", who, 1), file=sys.stderr, flush=True)  # noqa: E731
+    log(f"[corpus] {out}: {len(have)} shards done, {len(todo)} to make"
+        + (f" by {a.workers} workers of {a.threads} thread(s)" if a.workers > 1 and todo else ""))
     if not todo:
         write_manifest(out)
         return 0
+    if a.workers > 1:
+        return run_workers(a, argv, todo)
     preset = get_preset("offline")
     bundle = load_bundle(dataclasses.replace(preset, drafters=()), progress=log)
     held = HeldOut.default()
