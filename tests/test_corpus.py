@@ -83,6 +83,13 @@ def _args(**kw) -> argparse.Namespace:
     return a
 
 
+@pytest.mark.parametrize("bad", [["--workers", "0"], ["--threads", "0"]])
+def test_no_workers_or_threads_is_refused(bad, tmp_path, capsys):
+    with pytest.raises(SystemExit) as e:
+        corpus.main(["--out", str(tmp_path), *bad])
+    assert e.value.code == 2 and "must be at least 1" in capsys.readouterr().err
+
+
 def test_a_run_for_some_domains_makes_only_their_shards():
     """`--domains math,code`: the plan's shards of those domains, under their own numbers (a later run of every
     domain fills the gaps with the shards it would have made); a misspelt domain is refused."""

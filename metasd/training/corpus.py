@@ -414,7 +414,10 @@ def run_workers(a: argparse.Namespace, argv: list[str], todo: list[int]) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
-    a = build_parser().parse_args(argv)
+    ap = build_parser()
+    a = ap.parse_args(argv)
+    if a.workers < 1 or a.threads < 1:
+        ap.error("--workers and --threads must be at least 1")
     import torch
 
     from metasd.decoding.loading import load_bundle
