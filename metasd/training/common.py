@@ -99,8 +99,8 @@ def teacher_forced(target: PreTrainedModel, rows: list[tuple[list[int], int]], b
     target's top-k at every position from `start` to the last but one."""
     dev = next(target.parameters()).device
     out: list[Example | None] = [None] * len(rows)
-    # Batches of similar lengths (then back to the rows' order): in corpus order a batch padded every row to its
-    # longest, and scoring 2,428 math answers took about twice as long.
+    # Batches of similar lengths (then back to the rows' order): in corpus order each batch was padded to its
+    # longest row; scoring 2,428 math answers on one thread took 28 min sorted, against 37 projected unsorted.
     order = sorted(range(len(rows)), key=lambda i: len(rows[i][0]))
     for b0 in tqdm(range(0, len(rows), batch_size), desc=desc, unit="batch", dynamic_ncols=True, file=sys.stderr):
         idx = order[b0 : b0 + batch_size]
