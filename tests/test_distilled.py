@@ -198,7 +198,7 @@ def test_training_resumes_a_saved_drafter_in_pieces(tmp_path):
     def piece(out, resume: str = "", steps: int = 12) -> dict:
         a = argparse.Namespace(domain="code", out=str(out), resume=resume, draft_vocab=24, layers=1, init_layer=0,
                                steps=steps, batch_size=4, lr=3e-3, seed=0, budget_min=0.0, corpus="", prompts=6,
-                               max_new_tokens=12, topk=8, eval_dir=None)
+                               max_new_tokens=12, topk=8, eval_dir=None, bf16="auto")
         assert run_distilled(a, bundle, ex[:4], ex[4:], 1.0, 0, 0.0) == 0
         return read_info(out)[1]
 
