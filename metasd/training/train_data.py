@@ -15,6 +15,8 @@ import sysconfig
 from collections.abc import Callable
 from pathlib import Path
 
+from metasd.training.word_problems import word_problem
+
 NAMES = ["Ava", "Ben", "Chloe", "Dmitri", "Elena", "Farid", "Grace", "Hiro", "Ines", "Jamal", "Kai", "Lena",
          "Mateo", "Nadia", "Omar", "Priya", "Quinn", "Rosa", "Sven", "Tara", "Umar", "Vera", "Wen", "Yusuf", "Zoe"]
 ITEMS = ["apples", "marbles", "stickers", "books", "cookies", "pencils", "stamps", "shells", "cards", "cupcakes",
@@ -189,8 +191,6 @@ MATH_PROMPTS_VERSION = 2  # 1: the twelve one-step templates alone; 2: three in 
 
 
 def math_prompts(rng: random.Random, n: int) -> list[str]:
-    from metasd.training.word_problems import word_problem
-
     suffixes = ["", "", " Explain your reasoning step by step.", " Show your work.", " Think step by step."]
     return [(word_problem(rng) if rng.random() < 0.75 else _word_problem(rng)) + rng.choice(suffixes)
             for _ in range(n)]

@@ -17,17 +17,24 @@ from __future__ import annotations
 
 import json
 import random
-import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
-from tqdm import tqdm
 
 from metasd.drafting.files import DraftHead, card_file_lines, parameter_count, read_info, write_card_text
 from metasd.drafting.whitebox import HeadConfig, WhiteBoxHead, build_head, load_head, save_head
-from metasd.training.common import Example, corpus_line, draft_vocabulary, earlier_record, fit, topk_logp, use_bf16
+from metasd.training.common import (
+    Example,
+    corpus_line,
+    draft_vocabulary,
+    earlier_record,
+    fit,
+    length_batches,
+    topk_logp,
+    use_bf16,
+)
 
 
 @dataclass
@@ -48,14 +55,9 @@ def with_features(target, examples: list[Example], layers: tuple[int, ...], max_
     example not yet scored (top_ids None) gets its top-k labels from the same pass's logits, in place."""
     dev = next(target.parameters()).device
     out: list[Sequence] = []
-    order = sorted(range(len(examples)), key=lambda i: len(examples[i].ids))
-    for b0 in tqdm(range(0, len(order), batch_size), desc=desc, unit="batch", dynamic_ncols=True, file=sys.stderr):
-        batch = [examples[i] for i in order[b0 : b0 + batch_size]]
-        seqs = [e.ids[:max_len] for e in batch]
-        width = max(len(s) for s in seqs)
-        inp = torch.zeros((len(seqs), width), dtype=torch.long)
-        for r, s in enumerate(seqs):
-            inp[r, : len(s)] = torch.tensor(s)
+    cut = [e.ids[:max_len] for e in examples]
+    for idx, inp in length_batches(cut, batch_size, desc):
+        batch, seqs = [examples[i] for i in idx], [cut[i] for i in idx]
         res = target(input_ids=inp.to(dev), output_hidden_states=True)
         feats = torch.cat([res.hidden_states[i] for i in layers], dim=-1).to(torch.float16).cpu()
         for r, (e, s) in enumerate(zip(batch, seqs, strict=True)):
