@@ -212,3 +212,12 @@ def test_a_drafter_trains_from_corpus_shards(tmp_path):
     # A white-box head's run leaves them unscored: its features pass labels them (one target pass, not two).
     heads = corpus_data(argparse.Namespace(**vars(a), kind="white-box"), target)[0]
     assert [e.top_ids for e in heads] == [None, None] and [e.labels for e in heads] == [e.labels for e in train_ex]
+    # What the drafter's file records of the folder: its domains' shards only, by split and prompts version.
+    corpus.write_shard(tmp_path, 16, rows, {**info, "domain": "summarization", "prompts_version": 2})
+    assert corpus.corpus_summary(tmp_path, "chat") == {"train_shards": 2, "eval_shards": 1, "answers": 5,
+                                                       "prompts_versions": {"1": 2, "2": 1}}
+    assert corpus.corpus_summary(tmp_path, "math")["train_shards"] == 1
+    from metasd.training.common import corpus_line
+
+    line = corpus_line({"corpus": "c", "domain": "chat", "corpus_shards": corpus.corpus_summary(tmp_path, "chat")})
+    assert "(2 train and 1 eval shards, 5 answers; prompts version 1: 2 shards, prompts version 2: 1 shard)" in line

@@ -6,6 +6,7 @@ from __future__ import annotations
 import hashlib
 import json
 import re
+from pathlib import Path
 
 import pytest
 import torch
@@ -171,6 +172,26 @@ def test_shipped_drafters_load_and_match_their_cards(offline):
     assert len(offline.target.model.layers) == offline.target.config.num_hidden_layers == 30
 
 
+def test_shipped_resumed_files_record_every_piece():
+    """A shipped file trained in pieces (distilled or head) lists them all, their steps summing to the file's,
+    and its card has a row for each."""
+    from metasd.drafting.files import read_info
+
+    resumed = 0
+    for path in sorted(Path("assets/drafters").glob("*.safetensors")):
+        _, info = read_info(path)
+        if not info.get("earlier"):
+            continue
+        resumed += 1
+        pieces = info["pieces"]
+        assert pieces[-1]["steps"] == info["steps"], path
+        assert sum(p["steps"] for p in pieces) == info["steps"] + info["earlier"]["steps"], path
+        card = path.with_suffix(".md").read_text(encoding="utf-8")
+        assert f"the last of {len(pieces)} pieces" in card, path
+        assert all(f"| {n} |" in card for n in range(1, len(pieces) + 1)), path
+    assert resumed >= 3  # code-eagle, math-eagle, math-drafter at least
+
+
 @pytest.mark.offline_model
 @pytest.mark.parametrize("name", [d.name for d in DISTILLED])
 def test_shipped_drafter_is_lossless(offline, reference_model, name):
@@ -210,6 +231,32 @@ def test_training_resumes_a_saved_drafter_in_pieces(tmp_path):
     one = load_distilled(tmp_path / "one.safetensors", target, torch.device("cpu"), torch.float32)
     two = load_distilled(tmp_path / "two.safetensors", target, torch.device("cpu"), torch.float32)
     assert torch.equal(one.lm_head.ids, two.lm_head.ids)
-    assert "continued (`--resume`) from the same drafter after 12 earlier steps" in (tmp_path / "two.md").read_text()
+    # Each piece keeps its own record, and the card has a row for each.
+    assert [p["steps"] for p in second["pieces"]] == [12, 8]
+    assert second["pieces"][0]["agreement"] == [first["eval_agreement"]]
+    assert second["pieces"][1]["agreement_before"] == [first["eval_agreement"]]
+    card = (tmp_path / "two.md").read_text()
+    assert "the last of 2 pieces (`--resume`), 20 steps in all" in card
+    assert len([x for x in card.splitlines() if x.startswith("| 1 |") or x.startswith("| 2 |")]) == 2
     third = piece(tmp_path / "three.safetensors", resume=str(tmp_path / "two.safetensors"), steps=4)
     assert third["earlier"]["steps"] == 20  # every earlier piece counted
+    assert [p["steps"] for p in third["pieces"]] == [12, 8, 4]
+    assert "the last of 3 pieces (`--resume`), 24 steps in all" in (tmp_path / "three.md").read_text()
+
+
+def test_a_file_from_before_pieces_resumes_with_what_it_kept():
+    """A file written before `pieces` existed: its last run becomes a piece, the runs before it one summed row."""
+    from metasd.training.common import earlier_pieces, pieces_lines
+
+    old = {"steps": 1540, "train_seconds": 2101.3, "batch_size": 6, "lr": 0.0008, "corpus": "data/corpus",
+           "eval_before": {"agreement": [0.61, 0.56]}, "eval": {"agreement": [0.76, 0.73]},
+           "earlier": {"steps": 3336, "train_seconds": 2701.1}}
+    pieces = earlier_pieces(old)
+    assert pieces[0] == {"steps": 3336, "summed": True}
+    assert pieces[1]["steps"] == 1540 and pieces[1]["agreement"] == [0.76, 0.73]
+    assert earlier_pieces({}) == [] and earlier_pieces({"pieces": pieces}) == pieces
+    lines = pieces_lines({"pieces": [*pieces, {"steps": 10}]}, "head")
+    assert "the last of 3 pieces (`--resume`), 4,886 steps in all" in lines[0]
+    assert any("0.610/0.560 -> 0.760/0.730" in x for x in lines)
+    # One run, nothing resumed: no pieces lines at all.
+    assert pieces_lines({"steps": 5}, "head") == []

@@ -294,10 +294,81 @@ def earlier_record(earlier: dict, keys: tuple[str, ...]) -> dict:
     return out
 
 
+def piece_record(info: dict) -> dict:
+    """This run's entry in a file's `pieces`: its data, steps, time and held-out agreement at its start and end
+    (a list per draft position for a head, one figure for a distilled drafter)."""
+    def agreement(key: str, flat: str) -> list[float] | None:
+        v = info.get(key, {}).get("agreement") if key in info else info.get(flat)
+        return None if v is None else [v] if isinstance(v, float | int) else list(v)
+    keys = ("steps", "train_seconds", "batch_size", "lr", "bf16_autocast", "corpus", "corpus_shards", "prompts",
+            "text_chunks", "train_sequences", "train_labels", "eval_sequences")
+    return {**{k: info.get(k) for k in keys}, "agreement_before": agreement("eval_before", "eval_agreement_before"),
+            "agreement": agreement("eval", "eval_agreement"), "finished": time.strftime("%Y-%m-%d", time.gmtime())}
+
+
+def earlier_pieces(earlier: dict) -> list[dict]:
+    """The pieces of a file being resumed. A file written before pieces were recorded gives what it kept: its
+    last run, and the steps of the runs before that summed into one entry."""
+    if not earlier:
+        return []
+    if "pieces" in earlier:
+        return list(earlier["pieces"])
+    before = earlier.get("earlier", {})
+    last = {k: v for k, v in piece_record(earlier).items() if k != "finished"}
+    return ([{"steps": before["steps"], "summed": True}] if before.get("steps") else []) + [last]
+
+
+def autocast_note(info: dict) -> str:
+    """The card's words for a run whose forward passes ran under bfloat16 autocast ('' otherwise)."""
+    return ", forward passes under bfloat16 autocast" if info.get("bf16_autocast") else ""
+
+
+def pieces_lines(info: dict, what: str) -> list[str]:
+    """A card's lines on the pieces a resumed file was trained in (none for a file trained in one run)."""
+    lines: list[str] = []
+    pieces = info.get("pieces") or []
+    if len(pieces) > 1:
+        total = sum(p.get("steps") or 0 for p in pieces)
+        lines.append(f"- the last of {len(pieces)} pieces (`--resume`), {total:,} steps in all; \"at initialisation\" "
+                     "below is this piece's start. Each piece's held-out set is its own data's, so its figures "
+                     "compare within a row:")
+        lines += ["", "| piece | finished | data | steps | batch, lr | seconds | held-out agreement, start -> end |",
+                  "|---|---|---|---:|---|---:|---|"]
+        for n, p in enumerate(pieces, 1):
+            if p.get("summed"):
+                lines.append(f"| {n} | | earlier pieces, not recorded one by one | {p['steps']:,} | | | |")
+                continue
+            data = p.get("note") or (f"corpus `{p['corpus']}`{shards_note(p)}" if p.get("corpus")
+                                     else f"{p.get('prompts')} templated prompts" if p.get("prompts") else "")
+            if p.get("text_chunks"):
+                data += f" and {p['text_chunks']} chunks of source"
+            if p.get("train_labels"):
+                data += f", {p['train_sequences']} sequences, {p['train_labels']:,} positions"
+            agree = " -> ".join("/".join(f"{x:.3f}" for x in a) for a in (p.get("agreement_before"), p.get("agreement")) if a)
+            lines.append(f"| {n} | {p.get('finished') or ''} | {data} | {p.get('steps') or 0:,} | {p.get('batch_size')}, "
+                         f"{p.get('lr')}{', bf16' if p.get('bf16_autocast') else ''} | {p.get('train_seconds')} | {agree} |")
+        lines.append("")
+    elif info.get("earlier"):
+        lines.append(f"- continued (`--resume`) from the same {what} after {info['earlier']['steps']} earlier steps "
+                     f"({info['earlier'].get('train_seconds')} s in its last run); \"at initialisation\" below is this "
+                     "run's start")
+    return lines
+
+
+def shards_note(info: dict) -> str:
+    """' (38 train and 2 eval shards, 2,556 answers; prompts version 2: 37 shards, ...)' from a record's
+    `corpus_shards` (metasd.training.corpus.corpus_summary); '' where the record predates it."""
+    c = info.get("corpus_shards")
+    if not c:
+        return ""
+    versions = ", ".join(f"prompts version {v}: {n} shard{'s' if n != 1 else ''}" for v, n in c["prompts_versions"].items())
+    return f" ({c['train_shards']} train and {c['eval_shards']} eval shards, {c['answers']:,} answers; {versions})"
+
+
 def corpus_line(info: dict) -> str:
     """A card's data line for a drafter trained on a corpus folder ('' for one trained on generated data)."""
     if not info.get("corpus"):
         return ""
-    return (f"- the {', '.join(CORPUS_DOMAINS.get(info.get('domain', ''), ()))} shards of the corpus `{info['corpus']}` "
-            "(metasd/training/corpus.py: templates, man pages and Python's documentation, none a Spec-Bench prompt "
-            "or page example; its manifest has the sources and licences), the target's greedy answers")
+    return (f"- the {', '.join(CORPUS_DOMAINS.get(info.get('domain', ''), ()))} shards of the corpus `{info['corpus']}`"
+            f"{shards_note(info)} (metasd/training/corpus.py: templates, man pages and Python's documentation, none a "
+            "Spec-Bench prompt or page example; its manifest has the sources and licences), the target's greedy answers")

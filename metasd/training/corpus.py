@@ -311,6 +311,23 @@ def corpus_data(a: argparse.Namespace, target: Any) -> tuple[list, list, float]:
     return train_ex, eval_ex, float(secs)
 
 
+def corpus_summary(out: str | Path, drafter_domain: str) -> dict:
+    """Which shards of a corpus folder a drafter of `drafter_domain` trains on, for its file's record: counts of
+    train and eval shards, answers, and shards per prompts version (a folder may hold several)."""
+    from metasd.training.common import CORPUS_DOMAINS
+
+    out, domains = Path(out), CORPUS_DOMAINS[drafter_domain]
+    c: Counter = Counter()
+    versions: Counter = Counter()
+    for i in done_shards(out):
+        info = json.loads(shard_path(out, i, "json").read_text(encoding="utf-8"))
+        if info["domain"] in domains:
+            c.update({f"{info['split']}_shards": 1, "answers": info["answers"]})
+            versions[str(info.get("prompts_version", 1))] += 1
+    return {"train_shards": c["train_shards"], "eval_shards": c["eval_shards"], "answers": c["answers"],
+            "prompts_versions": dict(sorted(versions.items()))}
+
+
 def write_manifest(out: Path) -> dict:
     shards = [json.loads(shard_path(out, i, "json").read_text(encoding="utf-8")) for i in done_shards(out)]
     by: dict[str, Counter] = {}

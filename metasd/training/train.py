@@ -50,16 +50,20 @@ from metasd.drafting.files import (
 from metasd.training.common import (  # noqa: F401 (answer_examples, encode_chat, text_examples: public here too)
     Example,
     answer_examples,
+    autocast_note,
     corpus_line,
     domain_data,
     draft_vocabulary,
+    earlier_pieces,
     earlier_record,
     encode_chat,
     fit,
+    piece_record,
+    pieces_lines,
     text_examples,
     use_bf16,
 )
-from metasd.training.corpus import corpus_data
+from metasd.training.corpus import corpus_data, corpus_summary
 from metasd.training.train_whitebox import run_white_box, write_head_card
 
 
@@ -174,7 +178,8 @@ def write_card(path: str | Path, eval_dir: str | Path | None = None) -> Path:
     lines = _card_lines(path, info) + (_eval_lines(path.stem, Path(eval_dir)) if eval_dir is not None else [])
     lines += ["## Config (as stored in the file's metadata and built at load time)", "", "```json",
               json.dumps(config, sort_keys=True), "```", "",
-              "Reproduce: see the command in assets/drafters/README.md.", ""]
+              "Reproduce: see the commands in assets/drafters/README.md (a resumed file: the first piece, then "
+              "each `--resume`).", ""]
     return write_card_text(path, lines)
 
 
@@ -206,10 +211,8 @@ def _card_lines(path: Path, info: dict) -> list[str]:
         "", "## Training", "",
         f"- {info.get('steps')} AdamW steps, batch {info.get('batch_size')} sequences, lr {info.get('lr')} "
         f"(warm-up, cosine), {info.get('train_seconds')} s on a 2-core CPU"
-        f"{', forward passes under bfloat16 autocast' if info.get('bf16_autocast') else ''}",
-        *([f"- continued (`--resume`) from the same drafter after {info['earlier']['steps']} earlier steps "
-           f"({info['earlier'].get('train_seconds')} s in its last run); \"at initialisation\" below is this run's start"]
-          if info.get("earlier") else []),
+        f"{autocast_note(info)}",
+        *pieces_lines(info, "drafter"),
         f"- soft cross-entropy to the target's renormalised top-k: first {info.get('first_loss')}, "
         f"final {info.get('final_loss')} (train top-1 agreement {info.get('final_train_agreement')})",
         f"- held-out ({info.get('eval_sequences')} unseen prompts of the domain) top-1 agreement with the target: "
@@ -324,6 +327,7 @@ def run_distilled(a: argparse.Namespace, bundle, train_ex: list[Example], eval_e
     info = {"domain": a.domain, "target": bundle.preset.target, "init_layer": init_layer,
             "train_sequences": len(train_ex), "train_labels": sum(e.labels for e in train_ex),
             "prompts": None if a.corpus else a.prompts, "corpus": a.corpus or None,
+            "corpus_shards": corpus_summary(a.corpus, a.domain) if a.corpus else None,
             "text_chunks": chunks, "max_new_tokens": a.max_new_tokens,
             "draft_vocab": int(vocab.numel()) if vocab is not None else bundle.target_vocab, "topk": a.topk, "seed": a.seed,
             "data_seconds": round(gen_s, 1), **stats,
@@ -338,6 +342,7 @@ def run_distilled(a: argparse.Namespace, bundle, train_ex: list[Example], eval_e
     after = agreement(loaded, eval_ex)
     info |= {"eval_loss": round(after[0], 4), "eval_agreement": round(after[1], 4),
              "total_seconds": round(time.perf_counter() - t_start, 1)}
+    info["pieces"] = earlier_pieces(earlier) + [piece_record(info)]
     sha = save_drafter(drafter, a.out, info)
     write_card(a.out, a.eval_dir)
     print(json.dumps({"out": a.out, "sha256": sha, **info}, indent=1))

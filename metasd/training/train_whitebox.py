@@ -27,14 +27,19 @@ from metasd.drafting.files import DraftHead, card_file_lines, parameter_count, r
 from metasd.drafting.whitebox import HeadConfig, WhiteBoxHead, build_head, load_head, save_head
 from metasd.training.common import (
     Example,
+    autocast_note,
     corpus_line,
     draft_vocabulary,
+    earlier_pieces,
     earlier_record,
     fit,
     length_batches,
+    piece_record,
+    pieces_lines,
     topk_logp,
     use_bf16,
 )
+from metasd.training.corpus import corpus_summary
 
 
 @dataclass
@@ -212,6 +217,7 @@ def run_white_box(a, bundle, train_ex: list[Example], eval_ex: list[Example], ge
             "feature_layers": list(c.feature_layers), "init_layer": init_layer,
             "train_sequences": len(train), "train_labels": sum(len(x.pos) for x in train),
             "prompts": None if a.corpus else a.prompts, "corpus": a.corpus or None,
+            "corpus_shards": corpus_summary(a.corpus, a.domain) if a.corpus else None,
             "text_chunks": chunks, "max_new_tokens": a.max_new_tokens, "draft_vocab": int(vocab.numel()),
             "topk": a.topk, "seed": a.seed, "data_seconds": round(gen_s, 1), "feature_seconds": round(feat_s, 1),
             **stats, "eval_sequences": len(held), "eval_before": before}
@@ -221,6 +227,7 @@ def run_white_box(a, bundle, train_ex: list[Example], eval_ex: list[Example], ge
     # Score what ships: the fp16 file loaded back the way the preset loads it.
     loaded = load_head(a.out, target, target.device, torch.float32)
     info |= {"eval": evaluate(loaded, held, a.unroll), "total_seconds": round(time.perf_counter() - t_start, 1)}
+    info["pieces"] = earlier_pieces(earlier) + [piece_record(info)]
     save_head(head, a.out, info)
     write_head_card(a.out)
     print(json.dumps({"out": a.out, **info}, indent=1))
@@ -245,7 +252,7 @@ def write_head_card(path) -> Path:
         f"- layer initialised from the target's layer {info.get('init_layer')}", "",
         *_head_data_lines(info), *_head_training_lines(info),
         "## Config", "", "```json", json.dumps(config, sort_keys=True), "```", "",
-        "Reproduce: see the command in assets/drafters/README.md.", "",
+        "Reproduce: see the commands in assets/drafters/README.md (a resumed file: the first piece, then each `--resume`).", "",
     ]
     return write_card_text(path, lines)
 
@@ -272,10 +279,8 @@ def _head_training_lines(info: dict) -> list[str]:
         "## Training", "",
         f"- {info.get('steps')} AdamW steps (of {info.get('planned_steps')} planned), batch {info.get('batch_size')}, "
         f"lr {info.get('lr')}, training-time test over {info.get('unroll')} steps, {info.get('train_seconds')} s "
-        f"on a 2-core CPU{', forward passes under bfloat16 autocast' if info.get('bf16_autocast') else ''}",
-        *([f"- continued (`--resume`) from the same head after {info['earlier']['steps']} earlier steps "
-           f"({info['earlier'].get('train_seconds')} s in its last run); \"at initialisation\" below is this run's start"]
-          if info.get("earlier") else []),
+        f"on a 2-core CPU{autocast_note(info)}",
+        *pieces_lines(info, "head"),
         f"- loss: first {info.get('first_loss')}, final {info.get('final_loss')} (train step-1 agreement "
         f"{info.get('final_train_agreement')})",
         f"- held-out ({info.get('eval_sequences')} unseen prompts of the domain), top-1 agreement with the target "
