@@ -117,7 +117,7 @@ def test_shards_drop_held_out_prompts_and_resume(offline, tmp_path, monkeypatch)
         corpus.write_shard(tmp_path, i, rows, info)
         made[i] = rows
         assert info["held_out_dropped"] == 1 and info["answers"] == len(rows) == 2
-        assert info["prompts_version"] == (2 if info["domain"] == "math" else 1)
+        assert info["prompts_version"] == (2 if info["domain"] in ("code", "math") else 1)
         assert all(example not in offline.tokenizer.decode(p) for p, _ in rows)
     # A shard cut off before its .json was written is not done, so a rerun makes it again.
     np.savez(tmp_path / "shard-00001.npz", ids=np.zeros(3, np.uint16), lengths=np.zeros((0, 2), np.int32))

@@ -33,7 +33,14 @@ import numpy as np
 
 from metasd.paths import EXAMPLES_FILE
 from metasd.training import sources
-from metasd.training.train_data import MATH_PROMPTS_VERSION, SPECBENCH, chat_prompts, code_prompts, math_prompts
+from metasd.training.train_data import (
+    CODE_PROMPTS_VERSION,
+    MATH_PROMPTS_VERSION,
+    SPECBENCH,
+    chat_prompts,
+    code_prompts,
+    math_prompts,
+)
 
 DOMAINS = ("code", "math", "translation", "summarization", "qa", "chat")
 FORMAT = "metasd-corpus-1"
@@ -42,7 +49,7 @@ EVAL_EVERY = 16  # rounds of shards; round 1 of every 16 is held out
 OWN = "own templates (this repository, Apache-2.0)"
 # The version of a domain's prompt makers, recorded in each shard: a shard keeps the prompts it was made from,
 # so a folder may hold shards of an earlier version (their json says which).
-PROMPTS_VERSION = {"math": MATH_PROMPTS_VERSION}
+PROMPTS_VERSION = {"code": CODE_PROMPTS_VERSION, "math": MATH_PROMPTS_VERSION}
 
 
 @dataclass(frozen=True)

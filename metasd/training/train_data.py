@@ -15,6 +15,7 @@ import sysconfig
 from collections.abc import Callable
 from pathlib import Path
 
+from metasd.training.code_tasks import code_task
 from metasd.training.word_problems import word_problem
 
 NAMES = ["Ava", "Ben", "Chloe", "Dmitri", "Elena", "Farid", "Grace", "Hiro", "Ines", "Jamal", "Kai", "Lena",
@@ -140,9 +141,13 @@ def stdlib_chunks(rng: random.Random, n: int, chars: int = 1200) -> list[str]:
     return out
 
 
+CODE_PROMPTS_VERSION = 2  # 1: one small function or a stdlib snippet; 2: two in three composed tasks (code_tasks.py)
+
+
 def code_prompts(rng: random.Random, n: int) -> list[str]:
-    snippets = stdlib_snippets(rng, n // 3)
+    snippets = stdlib_snippets(rng, n // 6)
     out = [rng.choice(SNIPPET_TEMPLATES).format(code=s) for s in snippets]
+    out += [code_task(rng) for _ in range(n - len(out) - n // 6)]
     while len(out) < n:
         task = rng.choice(CODE_TASKS).format(k=rng.randint(2, 9), key=rng.choice(["age", "name", "price", "score"]))
         fname = f"{rng.choice(['get', 'find', 'compute', 'make', 'check'])}_{rng.choice(['items', 'value', 'total', 'words'])}"
