@@ -135,6 +135,9 @@ def table(results: pd.DataFrame, same: dict[str, tuple[int, int]], labels: tuple
             rounds = r.target_calls.sum()
             row[f"{label} tok/s"] = r.new_tokens.sum() / r.wall_s.sum() if len(r) else float("nan")
             row[f"{label} rounds"] = int(rounds)
+            # Accepted draft ids per target call over the whole run (each prompt weighted by its calls).
+            row[f"{label} accepted/call"] = ((r.mean_accepted * r.target_calls).sum() / rounds
+                                             if "mean_accepted" in r and rounds else float("nan"))
             for part in ("draft", "verify", "overhead"):
                 col = f"{part}_s"
                 row[f"{label} {part} ms/round"] = (1000 * r[col].sum() / rounds if col in r and rounds else float("nan"))

@@ -395,13 +395,14 @@ def test_ab_bench_selects_chunks_and_tabulates_two_revisions(tmp_path):
     assert len(chunks(picked, "prompt")) == 4 and len(chunks(picked, "all")) == 1
 
     def rows(rev: str, wall: float, verify: float) -> list[dict]:
-        return [{"method": "single:x", "question_id": q, "new_tokens": 64, "wall_s": wall, "target_calls": 32,
-                 "draft_s": 0.032, "verify_s": verify, "overhead_s": 0.064, "rev": rev} for q in ("1", "2")]
+        return [{"method": "single:x", "question_id": q, "new_tokens": 64, "wall_s": wall, "target_calls": calls,
+                 "mean_accepted": acc, "draft_s": 0.032, "verify_s": verify, "overhead_s": 0.064, "rev": rev}
+                for q, calls, acc in (("1", 32, 1.0), ("2", 32, 0.5))]
 
     results = pd.DataFrame(rows("A", 4.0, 2.4) + rows("B", 3.2, 1.6))
     t = table(results, {"single:x": (2, 2)}, ("A", "B"))
     row = t.iloc[0]
     assert row["A tok/s"] == 16.0 and row["B tok/s"] == 20.0 and row["B/A"] == 1.25
     assert row["A verify ms/round"] == 75.0 and row["B verify ms/round"] == 50.0 and row["A draft ms/round"] == 1.0
-    assert row["same rounds"] == "2 of 2"
-    assert "| single:x | 16.00 | 64 | 1.00 | 75.00 | 2.00 | 20.00 |" in markdown(t)
+    assert row["same rounds"] == "2 of 2" and row["A accepted/call"] == 0.75
+    assert "| single:x | 16.00 | 64 | 0.75 | 1.00 | 75.00 | 2.00 | 20.00 |" in markdown(t)
