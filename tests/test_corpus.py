@@ -207,17 +207,21 @@ def test_a_drafter_trains_from_corpus_shards(tmp_path):
     corpus.write_shard(tmp_path, 1, rows, {**info, "domain": "math"})  # another drafter's domain: not read
     corpus.write_manifest(tmp_path)
     a = argparse.Namespace(corpus=str(tmp_path), domain="chat", seed=0, topk=4, eval_prompts=8)
-    train_ex, eval_ex, secs = corpus_data(a, target)
-    assert len(train_ex) == 2 and len(eval_ex) == 1 and secs == 3.0
+    train_ex, eval_ex, secs, shards = corpus_data(a, target)
+    # the target's seconds of the drafter's own shards (the math shard's second is not counted)
+    assert len(train_ex) == 2 and len(eval_ex) == 1 and secs == 2.0
     # A white-box head's run leaves them unscored: its features pass labels them (one target pass, not two).
     heads = corpus_data(argparse.Namespace(**vars(a), kind="white-box"), target)[0]
     assert [e.top_ids for e in heads] == [None, None] and [e.labels for e in heads] == [e.labels for e in train_ex]
-    # What the drafter's file records of the folder: its domains' shards only, by split and prompts version.
+    # What the drafter's file records of the folder: the shards it read (its domains' only), by split and prompts
+    # version; one added after the data was read is not among them.
+    assert shards == {"train_shards": 1, "eval_shards": 1, "answers": 3, "prompts_versions": {"1": 2}}
     corpus.write_shard(tmp_path, 16, rows, {**info, "domain": "summarization", "prompts_version": 2})
-    assert corpus.corpus_summary(tmp_path, "chat") == {"train_shards": 2, "eval_shards": 1, "answers": 5,
-                                                       "prompts_versions": {"1": 2, "2": 1}}
-    assert corpus.corpus_summary(tmp_path, "math")["train_shards"] == 1
+    assert shards["train_shards"] == 1
+    shards = corpus_data(a, target)[3]
+    assert shards == {"train_shards": 2, "eval_shards": 1, "answers": 5, "prompts_versions": {"1": 2, "2": 1}}
+    assert corpus_data(argparse.Namespace(**{**vars(a), "domain": "math"}), target)[3]["train_shards"] == 1
     from metasd.training.common import corpus_line
 
-    line = corpus_line({"corpus": "c", "domain": "chat", "corpus_shards": corpus.corpus_summary(tmp_path, "chat")})
+    line = corpus_line({"corpus": "c", "domain": "chat", "corpus_shards": shards})
     assert "(2 train and 1 eval shards, 5 answers; prompts version 1: 2 shards, prompts version 2: 1 shard)" in line

@@ -357,7 +357,7 @@ def pieces_lines(info: dict, what: str) -> list[str]:
 
 def shards_note(info: dict) -> str:
     """' (38 train and 2 eval shards, 2,556 answers; prompts version 2: 37 shards, ...)' from a record's
-    `corpus_shards` (metasd.training.corpus.corpus_summary); '' where the record predates it."""
+    `corpus_shards` (metasd.training.corpus.shards_summary); '' where the record predates it."""
     c = info.get("corpus_shards")
     if not c:
         return ""

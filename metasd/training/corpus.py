@@ -288,24 +288,35 @@ def read_shard(out: Path, i: int) -> list[tuple[list[int], list[int]]]:
     return rows
 
 
+def shard_infos(out: str | Path) -> Iterator[tuple[int, dict]]:
+    """(number, record) of every finished shard of a folder, in order: the one walk over the shards' json."""
+    out = Path(out)
+    for i in done_shards(out):
+        yield i, json.loads(shard_path(out, i, "json").read_text(encoding="utf-8"))
+
+
 def iter_corpus(out: str | Path, domain: str | None = None, split: str | None = None
                 ) -> Iterator[tuple[list[int], list[int]]]:
     """(prompt ids, answer ids) of every finished shard of a domain and split."""
-    out = Path(out)
-    for i in done_shards(out):
-        info = json.loads(shard_path(out, i, "json").read_text(encoding="utf-8"))
+    for i, info in shard_infos(out):
         if (domain is None or info["domain"] == domain) and (split is None or info["split"] == split):
-            yield from read_shard(out, i)
+            yield from read_shard(Path(out), i)
 
 
-def corpus_data(a: argparse.Namespace, target: Any) -> tuple[list, list, float]:
+def corpus_data(a: argparse.Namespace, target: Any) -> tuple[list, list, float, dict]:
     """The drafter's domains of a corpus folder (`--corpus`): its train shards for training, its eval shards
-    held out; the seconds are the corpus's own generation time (its manifest)."""
+    held out. Also returned: the target's seconds that made those shards, and what the drafter's file records of
+    them (`shards_summary`), both read from the very shards loaded, so that a corpus run adding shards to the
+    folder during training changes neither."""
     from metasd.training.common import CORPUS_DOMAINS, corpus_examples
 
     domains = CORPUS_DOMAINS[a.domain]
-    rows = {split: [r for d in domains for r in iter_corpus(a.corpus, domain=d, split=split)]
-            for split in ("train", "eval")}
+    # In the order of the drafter's domains, then of the shards (as the rows have always been read).
+    shards = sorted(((i, info) for i, info in shard_infos(a.corpus) if info["domain"] in domains),
+                    key=lambda s: (domains.index(s[1]["domain"]), s[0]))
+    rows: dict[str, list] = {"train": [], "eval": []}
+    for i, info in shards:
+        rows[info["split"]] += read_shard(Path(a.corpus), i)
     if not rows["train"]:
         raise SystemExit(f"{a.corpus} has no finished train shards of {', '.join(domains)}")
     random.Random(a.seed).shuffle(rows["eval"])
@@ -313,30 +324,24 @@ def corpus_data(a: argparse.Namespace, target: Any) -> tuple[list, list, float]:
     train_ex = corpus_examples(target, rows["train"], topk=a.topk, desc=f"{a.domain}: target on the corpus", score=score)
     eval_ex = corpus_examples(target, rows["eval"][: a.eval_prompts], topk=a.topk, desc=f"{a.domain}: held out",
                               score=score)
-    manifest = Path(a.corpus) / "manifest.json"
-    secs = json.loads(manifest.read_text(encoding="utf-8")).get("generation_seconds", 0.0) if manifest.exists() else 0.0
-    return train_ex, eval_ex, float(secs)
+    secs = sum(info["seconds"] for _, info in shards)
+    return train_ex, eval_ex, float(secs), shards_summary([info for _, info in shards])
 
 
-def corpus_summary(out: str | Path, drafter_domain: str) -> dict:
-    """Which shards of a corpus folder a drafter of `drafter_domain` trains on, for its file's record: counts of
-    train and eval shards, answers, and shards per prompts version (a folder may hold several)."""
-    from metasd.training.common import CORPUS_DOMAINS
-
-    out, domains = Path(out), CORPUS_DOMAINS[drafter_domain]
+def shards_summary(infos: list[dict]) -> dict:
+    """What a drafter's file records of the shards it trained on: counts of train and eval shards, answers, and
+    shards per prompts version (a folder may hold several)."""
     c: Counter = Counter()
     versions: Counter = Counter()
-    for i in done_shards(out):
-        info = json.loads(shard_path(out, i, "json").read_text(encoding="utf-8"))
-        if info["domain"] in domains:
-            c.update({f"{info['split']}_shards": 1, "answers": info["answers"]})
-            versions[str(info.get("prompts_version", 1))] += 1
+    for info in infos:
+        c.update({f"{info['split']}_shards": 1, "answers": info["answers"]})
+        versions[str(info.get("prompts_version", 1))] += 1
     return {"train_shards": c["train_shards"], "eval_shards": c["eval_shards"], "answers": c["answers"],
             "prompts_versions": dict(sorted(versions.items()))}
 
 
 def write_manifest(out: Path) -> dict:
-    shards = [json.loads(shard_path(out, i, "json").read_text(encoding="utf-8")) for i in done_shards(out)]
+    shards = [info for _, info in shard_infos(out)]
     by: dict[str, Counter] = {}
     for s in shards:
         c = by.setdefault(f"{s['domain']}/{s['split']}", Counter())

@@ -63,7 +63,7 @@ from metasd.training.common import (  # noqa: F401 (answer_examples, encode_chat
     text_examples,
     use_bf16,
 )
-from metasd.training.corpus import corpus_data, corpus_summary
+from metasd.training.corpus import corpus_data
 from metasd.training.train_whitebox import run_white_box, write_head_card
 
 
@@ -299,15 +299,19 @@ def main(argv: list[str] | None = None) -> int:
     t_start = time.perf_counter()
     bundle = load_bundle("offline", progress=lambda m: print(m, file=sys.stderr))
     chunks = a.text_chunks if a.text_chunks >= 0 else (64 if a.domain == "code" else 0)
-    train_ex, eval_ex, gen_s = corpus_data(a, bundle.target) if a.corpus else domain_data(a, bundle, chunks)
+    shards = None
+    if a.corpus:
+        train_ex, eval_ex, gen_s, shards = corpus_data(a, bundle.target)
+    else:
+        train_ex, eval_ex, gen_s = domain_data(a, bundle, chunks)
     print(f"[train] {len(train_ex)} training sequences, {sum(e.labels for e in train_ex)} labelled tokens "
           f"({gen_s:.0f} s of target time)", file=sys.stderr)
     run = run_white_box if a.kind == "white-box" else run_distilled
-    return run(a, bundle, train_ex, eval_ex, gen_s, chunks, t_start)
+    return run(a, bundle, train_ex, eval_ex, gen_s, chunks, t_start, shards=shards)
 
 
 def run_distilled(a: argparse.Namespace, bundle, train_ex: list[Example], eval_ex: list[Example], gen_s: float,
-                  chunks: int, t_start: float) -> int:
+                  chunks: int, t_start: float, shards: dict | None = None) -> int:
     """`python -m metasd.training.train` (distilled): draft vocabulary, training, the fp16 file, its card."""
     target = bundle.target
     earlier: dict = {}
@@ -327,7 +331,7 @@ def run_distilled(a: argparse.Namespace, bundle, train_ex: list[Example], eval_e
     info = {"domain": a.domain, "target": bundle.preset.target, "init_layer": init_layer,
             "train_sequences": len(train_ex), "train_labels": sum(e.labels for e in train_ex),
             "prompts": None if a.corpus else a.prompts, "corpus": a.corpus or None,
-            "corpus_shards": corpus_summary(a.corpus, a.domain) if a.corpus else None,
+            "corpus_shards": shards,
             "text_chunks": chunks, "max_new_tokens": a.max_new_tokens,
             "draft_vocab": int(vocab.numel()) if vocab is not None else bundle.target_vocab, "topk": a.topk, "seed": a.seed,
             "data_seconds": round(gen_s, 1), **stats,

@@ -39,7 +39,6 @@ from metasd.training.common import (
     topk_logp,
     use_bf16,
 )
-from metasd.training.corpus import corpus_summary
 
 
 @dataclass
@@ -190,7 +189,7 @@ def train_head(head: WhiteBoxHead, data: list[Sequence], steps: int, unroll: int
 
 
 def run_white_box(a, bundle, train_ex: list[Example], eval_ex: list[Example], gen_s: float, chunks: int,
-                  t_start: float) -> int:
+                  t_start: float, shards: dict | None = None) -> int:
     """`python -m metasd.training.train --kind white-box`: features, draft vocabulary, training, the fp16 file, its card."""
     target = bundle.target
     c = HeadConfig.from_target(target.config)
@@ -217,7 +216,7 @@ def run_white_box(a, bundle, train_ex: list[Example], eval_ex: list[Example], ge
             "feature_layers": list(c.feature_layers), "init_layer": init_layer,
             "train_sequences": len(train), "train_labels": sum(len(x.pos) for x in train),
             "prompts": None if a.corpus else a.prompts, "corpus": a.corpus or None,
-            "corpus_shards": corpus_summary(a.corpus, a.domain) if a.corpus else None,
+            "corpus_shards": shards,
             "text_chunks": chunks, "max_new_tokens": a.max_new_tokens, "draft_vocab": int(vocab.numel()),
             "topk": a.topk, "seed": a.seed, "data_seconds": round(gen_s, 1), "feature_seconds": round(feat_s, 1),
             **stats, "eval_sequences": len(held), "eval_before": before}
