@@ -286,14 +286,6 @@ def domain_data(a: argparse.Namespace, bundle, chunks: int) -> tuple[list[Exampl
     return train_ex, eval_ex, gen_s
 
 
-def earlier_record(earlier: dict, keys: tuple[str, ...]) -> dict:
-    """What a resumed file's card keeps of the runs before this one: the last run's `keys`, and every earlier
-    step counted (a file resumed twice carries the first runs' steps in its own "earlier")."""
-    out = {k: earlier.get(k) for k in keys}
-    out["steps"] = earlier.get("steps", 0) + earlier.get("earlier", {}).get("steps", 0)
-    return out
-
-
 def piece_record(info: dict) -> dict:
     """This run's entry in a file's `pieces`: its data, steps, time and held-out agreement at its start and end
     (a list per draft position for a head, one figure for a distilled drafter)."""
@@ -348,7 +340,7 @@ def pieces_lines(info: dict, what: str) -> list[str]:
             lines.append(f"| {n} | {p.get('finished') or ''} | {data} | {p.get('steps') or 0:,} | {p.get('batch_size')}, "
                          f"{p.get('lr')}{', bf16' if p.get('bf16_autocast') else ''} | {p.get('train_seconds')} | {agree} |")
         lines.append("")
-    elif info.get("earlier"):
+    elif info.get("earlier"):  # a file resumed before pieces were recorded kept only its last run's start
         lines.append(f"- continued (`--resume`) from the same {what} after {info['earlier']['steps']} earlier steps "
                      f"({info['earlier'].get('train_seconds')} s in its last run); \"at initialisation\" below is this "
                      "run's start")

@@ -55,7 +55,6 @@ from metasd.training.common import (  # noqa: F401 (answer_examples, encode_chat
     domain_data,
     draft_vocabulary,
     earlier_pieces,
-    earlier_record,
     encode_chat,
     fit,
     piece_record,
@@ -337,9 +336,6 @@ def run_distilled(a: argparse.Namespace, bundle, train_ex: list[Example], eval_e
             "data_seconds": round(gen_s, 1), **stats,
             "eval_sequences": len(eval_ex), "eval_loss_before": round(before[0], 4),
             "eval_agreement_before": round(before[1], 4)}
-    if earlier:
-        info["earlier"] = earlier_record(earlier, ("steps", "train_seconds", "batch_size", "lr", "final_loss",
-                                                   "eval_agreement"))
     sha = save_drafter(drafter, a.out, info)
     # Score what ships: the fp16 file loaded back the way the preset loads it.
     loaded = load_distilled(a.out, target, target.device, torch.float32)

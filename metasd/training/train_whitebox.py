@@ -31,7 +31,6 @@ from metasd.training.common import (
     corpus_line,
     draft_vocabulary,
     earlier_pieces,
-    earlier_record,
     fit,
     length_batches,
     piece_record,
@@ -220,8 +219,6 @@ def run_white_box(a, bundle, train_ex: list[Example], eval_ex: list[Example], ge
             "text_chunks": chunks, "max_new_tokens": a.max_new_tokens, "draft_vocab": int(vocab.numel()),
             "topk": a.topk, "seed": a.seed, "data_seconds": round(gen_s, 1), "feature_seconds": round(feat_s, 1),
             **stats, "eval_sequences": len(held), "eval_before": before}
-    if earlier:
-        info["earlier"] = earlier_record(earlier, ("steps", "train_seconds", "batch_size", "lr", "final_loss", "eval"))
     save_head(head, a.out, info)
     # Score what ships: the fp16 file loaded back the way the preset loads it.
     loaded = load_head(a.out, target, target.device, torch.float32)
