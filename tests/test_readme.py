@@ -352,25 +352,20 @@ def test_priors_command(tmp_path):
         ("summarization", "Summarize: the train leaves at noon. It arrives in Lyon at three. The train is red.")])]
     prompts.write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
     out = tmp_path / "priors.json"
+    # The README's --drafters (the default arms and others), each measured, in one run cut to a few tokens.
+    words = shlex.split(cmd)
+    arms = next(words[i + 1] for i, x in enumerate(words) if x == "--drafters").split(",")
     ok(run([program(cmd), "-m", "metasd", "priors", "--prompts", str(prompts), "--skip-per-category", "1",
-            "--per-category", "1", "--max-new-tokens", "6", "--out", str(out)]))
+            "--per-category", "1", "--max-new-tokens", "6", "--drafters", ",".join(arms), "--out", str(out)]))
     doc = json.loads(out.read_text(encoding="utf-8"))
     assert doc["preset"] == "offline" and doc["meta"]["prompts"] == ["1", "3"]  # the first of each category skipped
     assert set(doc["means"]) == {"bd", "be"} and all(0 <= v <= 1 for m in doc["means"].values() for v in m.values())
+    assert set(doc["means"]["bd"]) == set(arms), doc["means"]
     bad = run([program(cmd), "-m", "metasd", "priors", "--prompts", str(prompts), "--skip-per-category", "5",
                "--out", str(out)])
     assert bad.returncode == 2 and bad.stderr.strip().startswith("error:"), bad.stderr
-    # The README's --drafters: the default arms and others, each measured; one without a default arm is refused.
-    words = shlex.split(cmd)
-    arms = next(words[i + 1] for i, x in enumerate(words) if x == "--drafters").split(",")
-    defaults = [d for d in arms if d in json.loads(out.read_text(encoding="utf-8"))["means"]["bd"]]
-    more = tmp_path / "more.json"
-    ok(run([program(cmd), "-m", "metasd", "priors", "--prompts", str(prompts), "--skip-per-category", "1",
-            "--per-category", "1", "--max-new-tokens", "4", "--drafters", ",".join(defaults + ["math-drafter"]),
-            "--out", str(more)]))
-    assert set(json.loads(more.read_text(encoding="utf-8"))["means"]["bd"]) == {*defaults, "math-drafter"}
     bad = run([program(cmd), "-m", "metasd", "priors", "--prompts", str(prompts), "--skip-per-category", "1",
-               "--drafters", "retrieval", "--out", str(more)])
+               "--drafters", "retrieval", "--out", str(out)])
     assert bad.returncode == 2 and "must include every default arm" in bad.stderr, bad.stderr
 
 
