@@ -315,6 +315,43 @@ def test_shipped_heads_load_share_the_target_and_match_their_cards(offline):
         assert info["kind"] == "white-box" and info["eval"]["agreement"][0] > info["eval_before"]["agreement"][0]
 
 
+@pytest.mark.offline_model
+def test_shipped_heads_draft_for_a_class_what_they_draft_alone(offline):
+    """A shipped head's draft-vocabulary LM head is its own copy, held beside its registered layers: it is packed
+    like them and the shared rounds' probe reads it, so several requests' head steps in one call (drafting
+    together) give each request its solo bits, last-row logits included. (Once, it was neither: its rows
+    depended on their company, and the probe, blind to it, still let a class draft together.)"""
+    from unittest import mock
+
+    from metasd.core.passes import HeadPart, head_alone
+    from metasd.models import cpu_linear
+    from metasd.serving import batch
+
+    for spec in HEADS:
+        head = offline.models[spec.name]
+        if cpu_linear.enabled() and offline.target.device.type == "cpu":
+            assert isinstance(head.lm_head.proj, cpu_linear.PackedLinear), spec.name
+        probed: set[tuple[int, int]] = set()
+
+        def shapes(fn, x, windows, probed=probed):  # (in, out) of each product the probe reads
+            probed.add((x.shape[-1], fn(x[:, :1]).shape[-1]))
+            return True
+
+        with mock.patch.object(batch, "rows_agree", side_effect=shapes):
+            batch.row_invariant(head)
+        assert (head.c.hidden_size, head.lm_head.ids.numel()) in probed, probed
+        if not batch.row_invariant(head):  # a CPU whose packed kernels vary with the row count: drafts go alone
+            continue
+        g = torch.Generator().manual_seed(1)
+        d, kv, hd = head.c.hidden_size, head.c.num_kv_heads, head.c.head_dim
+        parts = [HeadPart(head, torch.randn(t, d, generator=g), torch.randint(0, 4000, (t,), generator=g),
+                          torch.arange(n, n + t)[None],
+                          None if not n else (torch.randn(1, kv, n, hd, generator=g), torch.randn(1, kv, n, hd, generator=g)))
+                 for t, n in ((1, 9), (1, 0), (3, 17), (1, 2), (1, 5))]
+        for p, got in zip(parts, head.run_together(parts), strict=True):
+            assert all(torch.equal(a, b) for a, b in zip(head_alone(p), got, strict=True)), spec.name
+
+
 PROMPTS = ["Write a Python function that checks whether a string is a palindrome.",
            "Tom has 12 apples and gives away 5. How many apples does he have left?"]
 

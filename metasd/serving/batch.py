@@ -185,8 +185,9 @@ def row_invariant(model: torch.nn.Module, rows: int = 48, seed: int = 0, block: 
     seen: set[tuple] = set()
     # The products a pass runs: every linear module, and the fused ones a module keeps as a plain attribute
     # (metasd/models/cpu_linear.py: _gate_up, _qkv); not a fused layer's parts, which no pass calls (`release`).
+    # A module held that way is probed with its own layers (a white-box head's draft-vocabulary LM head).
     hidden = [v for mod in model.modules() for v in vars(mod).values() if isinstance(v, torch.nn.Module)]
-    for m in [*model.modules(), *hidden]:
+    for m in [*model.modules(), *(x for h in hidden for x in h.modules())]:
         if not hasattr(m, "in_features") or not hasattr(m, "out_features") or getattr(m, "_w", True) is None:
             continue
         kind = (type(m), m.in_features, m.out_features)  # the kernel is chosen per type and shape: one probe each
