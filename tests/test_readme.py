@@ -32,7 +32,8 @@ CLI_TIMEOUT_S = 180
 COVERED = {("make", "run"), ("make", "test"), ("metasd", "generate"), ("metasd", "bench"), ("metasd", "drafters"),
            ("metasd", "replay"), ("metasd", "priors"), ("metasd", "config"), ("metasd.training.train", None),
            ("metasd.training.corpus", None), ("scripts/load_users.py", None), ("scripts/ab_bench.py", None),
-           ("scripts/measure_page_examples.py", None), ("scripts/build_datastore.py", None)}
+           ("scripts/measure_page_examples.py", None), ("scripts/build_datastore.py", None),
+           ("scripts/profile_one_id.py", None)}
 
 # Files the README names that do not exist: none. An entry here would fail the test once the file
 # exists (or the README stops naming it), so the list cannot go stale.
@@ -531,6 +532,20 @@ def test_page_examples_command():
     named = re.search(r"--only (\S+)", cmd).group(1).split(",")
     ids = {e["question_id"] for e in json.loads((ROOT / "assets" / "examples.json").read_text(encoding="utf-8"))}
     assert named and set(named) <= ids, sorted(set(named) - ids)
+
+
+@pytest.mark.timeout(CLI_TIMEOUT_S)
+def test_profile_one_id_command(tmp_path):
+    """BENCHMARKS' one-id profile, cut to one prompt and two passes: both kernels timed, a row per product."""
+    (cmd,) = commands_of(("scripts/profile_one_id.py", None), "benchmarks")
+    prompts = tmp_path / "question.jsonl"
+    prompts.write_text(json.dumps({"question_id": 1, "category": "qa", "turns": ["Name a large ocean."]}) + "\n",
+                       encoding="utf-8")
+    p = ok(run([program(cmd), "scripts/profile_one_id.py", "--prompts", str(prompts), "--count", "1", "--tokens", "2"]))
+    assert re.search(r"^packed: [\d.]+ ms a token", p.stdout, re.M) and re.search(r"^default: [\d.]+ ms", p.stdout, re.M)
+    rows = [x for x in p.stdout.splitlines() if x.startswith(("| packed |", "| default |"))]
+    assert any("aten::mm" in x for x in rows) and any("other ops" in x for x in rows), p.stdout
+    assert all(f in cmd for f in ("--count", "--tokens")), cmd
 
 
 @pytest.mark.timeout(CLI_TIMEOUT_S)
