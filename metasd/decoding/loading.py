@@ -337,14 +337,11 @@ def build_drafter_models(target: PreTrainedModel, specs: list[DrafterSpec], devi
                 continue
             if spec.kind == "white-box":
                 models[spec.name] = load_head(path, target, device, dtype)
-                # Its draft vocabulary's rows of the LM head are its own copy, held beside its registered layers:
-                # packed too, so that a row's logits do not depend on the rows beside it (a class's drafts are
-                # then bit for bit its members' solo drafts; metasd.serving.batch.row_invariant probes it).
-                if isinstance(models[spec.name].lm_head, DraftHead):
-                    pack_linears(models[spec.name].lm_head)
             else:
                 models[spec.name] = load_distilled(path, target, device, dtype)
-            pack_linears(models[spec.name])  # its own layers; the shared embedding is the target's
+            # Its own layers, a head's draft-vocabulary rows of the LM head included (its copy, held as a plain
+            # attribute: cpu_linear.held_modules); the target's embedding and head it borrows stay the target's.
+            pack_linears(models[spec.name])
     return models
 
 

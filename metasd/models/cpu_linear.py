@@ -169,11 +169,31 @@ def min_rows_for(layer: nn.Module, tried: tuple[int, ...] = MIN_ROWS_TRIED, rows
         layer.min_rows = before
 
 
+def held_modules(model: nn.Module) -> list[nn.Module]:
+    """Every module of `model` and of the modules it holds as plain attributes, each once.
+
+    A module held that way is not registered (no parameters or state-dict keys of the holder) yet a pass calls
+    it: the fused products (`_gate_up`, `_qkv` below) and a white-box head's draft-vocabulary LM head
+    (metasd.drafting.whitebox). Packing and the class's row probe (metasd.serving.batch.row_invariant) must both
+    reach them.
+    """
+    seen: dict[int, nn.Module] = {}
+    todo = [model]
+    while todo:
+        for m in todo.pop().modules():
+            if id(m) not in seen:
+                seen[id(m)] = m
+                todo.extend(v for v in vars(m).values() if isinstance(v, nn.Module) and id(v) not in seen)
+    return list(seen.values())
+
+
 def _children(model: nn.Module, plain: bool) -> list[tuple[nn.Module, str, nn.Module]]:
-    """(parent, attribute, layer) for every plain `nn.Linear` (plain=True) or every `PackedLinear`."""
+    """(parent, attribute, layer) for every plain `nn.Linear` (plain=True) or every `PackedLinear` registered in
+    a module of `held_modules(model)`; a layer held as a plain attribute itself (a target's head a drafter
+    borrows) is the holder's to pack, never replaced from here."""
     def wanted(m: nn.Module) -> bool:
         return type(m) is nn.Linear if plain else isinstance(m, PackedLinear)
-    return [(parent, name, child) for parent in model.modules() for name, child in parent.named_children()
+    return [(parent, name, child) for parent in held_modules(model) for name, child in parent.named_children()
             if wanted(child)]
 
 

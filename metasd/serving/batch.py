@@ -37,7 +37,7 @@ from metasd.core.events import RoundEvent
 from metasd.core.kvcache import new_cache
 from metasd.core.passes import DraftPart, HeadPart, VerifyPart, crop_to, forward_alone, head_alone
 from metasd.decoding.prefix import PrefixStore
-from metasd.models.cpu_linear import rows_agree
+from metasd.models.cpu_linear import held_modules, rows_agree
 
 try:
     from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
@@ -183,11 +183,10 @@ def row_invariant(model: torch.nn.Module, rows: int = 48, seed: int = 0, block: 
     g = torch.Generator().manual_seed(seed)
     dev = next(model.parameters()).device
     seen: set[tuple] = set()
-    # The products a pass runs: every linear module, and the fused ones a module keeps as a plain attribute
-    # (metasd/models/cpu_linear.py: _gate_up, _qkv); not a fused layer's parts, which no pass calls (`release`).
-    # A module held that way is probed with its own layers (a white-box head's draft-vocabulary LM head).
-    hidden = [v for mod in model.modules() for v in vars(mod).values() if isinstance(v, torch.nn.Module)]
-    for m in [*model.modules(), *(x for h in hidden for x in h.modules())]:
+    # The products a pass runs: every linear module, those a module holds as a plain attribute included (the
+    # fused _gate_up and _qkv, a white-box head's draft-vocabulary LM head: cpu_linear.held_modules, the walk
+    # packing makes); not a fused layer's parts, which no pass calls (`release`).
+    for m in held_modules(model):
         if not hasattr(m, "in_features") or not hasattr(m, "out_features") or getattr(m, "_w", True) is None:
             continue
         kind = (type(m), m.in_features, m.out_features)  # the kernel is chosen per type and shape: one probe each
