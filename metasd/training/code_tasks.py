@@ -17,6 +17,8 @@ from __future__ import annotations
 import random
 from collections.abc import Callable
 
+# Not train_data.CODE_LANGS, version 1's list: each prompts version keeps its own draw, so that a shard is
+# made again from its seed; merging the two would change version 1's prompts.
 LANGS = ["Python", "Python", "Python", "Python", "JavaScript", "TypeScript", "Java", "C++", "Go", "Rust", "C#"]
 
 # A kind of record: (plural, its categorical fields, its numeric fields)
