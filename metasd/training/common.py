@@ -315,6 +315,13 @@ def autocast_note(info: dict) -> str:
     return ", forward passes under bfloat16 autocast" if info.get("bf16_autocast") else ""
 
 
+def reproduce_line(info: dict) -> str:
+    """A card's last line: where its commands are, and for a file trained in pieces how they chain."""
+    resumed = len(info.get("pieces") or []) > 1 or bool(info.get("earlier"))
+    return ("Reproduce: see the commands in assets/drafters/README.md"
+            + (" (a resumed file: the first piece, then each `--resume`)." if resumed else "."))
+
+
 def pieces_lines(info: dict, what: str) -> list[str]:
     """A card's lines on the pieces a resumed file was trained in (none for a file trained in one run)."""
     lines: list[str] = []

@@ -59,6 +59,7 @@ from metasd.training.common import (  # noqa: F401 (answer_examples, encode_chat
     fit,
     piece_record,
     pieces_lines,
+    reproduce_line,
     text_examples,
     use_bf16,
 )
@@ -177,8 +178,7 @@ def write_card(path: str | Path, eval_dir: str | Path | None = None) -> Path:
     lines = _card_lines(path, info) + (_eval_lines(path.stem, Path(eval_dir)) if eval_dir is not None else [])
     lines += ["## Config (as stored in the file's metadata and built at load time)", "", "```json",
               json.dumps(config, sort_keys=True), "```", "",
-              "Reproduce: see the commands in assets/drafters/README.md (a resumed file: the first piece, then "
-              "each `--resume`).", ""]
+              reproduce_line(info), ""]
     return write_card_text(path, lines)
 
 

@@ -35,6 +35,7 @@ from metasd.training.common import (
     length_batches,
     piece_record,
     pieces_lines,
+    reproduce_line,
     topk_logp,
     use_bf16,
 )
@@ -248,7 +249,7 @@ def write_head_card(path) -> Path:
         f"- layer initialised from the target's layer {info.get('init_layer')}", "",
         *_head_data_lines(info), *_head_training_lines(info),
         "## Config", "", "```json", json.dumps(config, sort_keys=True), "```", "",
-        "Reproduce: see the commands in assets/drafters/README.md (a resumed file: the first piece, then each `--resume`).", "",
+        reproduce_line(info), "",
     ]
     return write_card_text(path, lines)
 
