@@ -54,12 +54,18 @@ def export(rev: str, into: Path) -> str:
 MT_BENCH_NAMES = ("writing", "roleplay", "reasoning", "math", "coding", "extraction", "stem", "humanities")
 
 
-def select_prompts(path: Path, categories: str | None, per_category: int, tasks: bool = False) -> list[dict]:
+EXAMPLES = ROOT / "assets" / "examples.json"  # `--prompts examples`: the page's own, as `bench` reads them
+
+
+def select_prompts(path: str | Path, categories: str | None, per_category: int, tasks: bool = False) -> list[dict]:
     """Spec-Bench lines as `bench` selects them: the named categories, the first N of each in file order. With
     `tasks` (bench's --spec-bench-tasks), MT-Bench's eight sub-categories are one task, mt_bench, whose first N
     are taken one from each sub-category in turn (bench.load_prompts' rule); each keeps its category in the chunk's
-    file, and bench regroups them itself."""
-    lines = [json.loads(ln) for ln in path.read_text(encoding="utf-8").splitlines() if ln.strip()]
+    file, and bench regroups them itself. `examples` reads the page's examples of this checkout (a JSON list)."""
+    if str(path) == "examples":
+        lines = json.loads(EXAMPLES.read_text(encoding="utf-8"))
+    else:
+        lines = [json.loads(ln) for ln in Path(path).read_text(encoding="utf-8").splitlines() if ln.strip()]
     if tasks:
         by_sub = {c: [q for q in lines if q.get("category") == c] for c in MT_BENCH_NAMES}
         mixed = [by_sub[c][i] for i in range(max(map(len, by_sub.values()), default=0)) for c in MT_BENCH_NAMES
@@ -162,7 +168,8 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0], epilog="other options go to `bench` unchanged")
     ap.add_argument("rev_a")
     ap.add_argument("rev_b")
-    ap.add_argument("--prompts", default=str(ROOT.parent / "shared" / "specbench" / "question.jsonl"))
+    ap.add_argument("--prompts", default=str(ROOT.parent / "shared" / "specbench" / "question.jsonl"),
+                    help="a Spec-Bench JSONL file, or `examples` (the page's own)")
     ap.add_argument("--categories", default=None)
     ap.add_argument("--per-category", type=int, default=3)
     ap.add_argument("--pairs", type=int, default=1, help="how many times both revisions run every chunk")
@@ -177,7 +184,7 @@ def main() -> int:
     labels = ("A", "B")
     trees = {label: work / f"rev-{label}" for label in labels}
     commits = {label: export(rev, trees[label]) for label, rev in zip(labels, (a.rev_a, a.rev_b), strict=True)}
-    todo = chunks(select_prompts(Path(a.prompts), a.categories, a.per_category, a.spec_bench_tasks), a.chunk,
+    todo = chunks(select_prompts(a.prompts, a.categories, a.per_category, a.spec_bench_tasks), a.chunk,
                   a.spec_bench_tasks)
     if a.spec_bench_tasks:
         bench_args = ["--spec-bench-tasks", *bench_args]

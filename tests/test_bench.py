@@ -393,6 +393,11 @@ def test_ab_bench_selects_chunks_and_tabulates_two_revisions(tmp_path):
     assert [q["question_id"] for q in picked] == ["0", "1", "2", "4"]
     assert [[q["question_id"] for q in c] for c in chunks(picked, "category")] == [["0", "1"], ["2", "4"]]
     assert len(chunks(picked, "prompt")) == 4 and len(chunks(picked, "all")) == 1
+    # `examples`, as bench reads it: the page's own examples, the same ones in the same order
+    from metasd.benchmark.bench import load_prompts
+    mine = select_prompts("examples", "qa,chat", 1)
+    assert [q["question_id"] for q in mine] == [p.question_id for p in load_prompts("examples", "qa,chat", 1)]
+    assert [q["category"] for q in mine] == ["qa", "chat"]
 
     def rows(rev: str, wall: float, verify: float) -> list[dict]:
         return [{"method": "single:x", "question_id": q, "new_tokens": 64, "wall_s": wall, "target_calls": calls,
