@@ -33,6 +33,7 @@ import numpy as np
 
 from metasd.paths import EXAMPLES_FILE
 from metasd.training import sources
+from metasd.training.chat_tasks import CHAT_PROMPTS_VERSION, chat_task
 from metasd.training.train_data import (
     CODE_PROMPTS_VERSION,
     MATH_PROMPTS_VERSION,
@@ -49,7 +50,7 @@ EVAL_EVERY = 16  # rounds of shards; round 1 of every 16 is held out
 OWN = "own templates (this repository, Apache-2.0)"
 # The version of a domain's prompt makers, recorded in each shard: a shard keeps the prompts it was made from,
 # so a folder may hold shards of an earlier version (their json says which).
-PROMPTS_VERSION = {"code": CODE_PROMPTS_VERSION, "math": MATH_PROMPTS_VERSION}
+PROMPTS_VERSION = {"code": CODE_PROMPTS_VERSION, "math": MATH_PROMPTS_VERSION, "chat": CHAT_PROMPTS_VERSION}
 
 
 @dataclass(frozen=True)
@@ -195,9 +196,9 @@ def domain_prompts(domain: str, seed: int, n: int) -> list[Prompt]:
         return [Prompt(t, "templates+stdlib", f"{OWN}; {sources.PSF}") for t in code_prompts(rng, n)]
     if domain == "math":
         return [Prompt(t, "templates", OWN) for t in math_prompts(rng, n)]
-    if domain == "chat":
-        k = n // 3
-        texts = chat_prompts(rng, n - k) + roleplay_prompts(rng, k)
+    if domain == "chat":  # version 2: three in four composed (chat_tasks.py), the rest version 1's templates
+        k = n // 4
+        texts = [chat_task(rng) for _ in range(n - k)] + chat_prompts(rng, k - k // 3) + roleplay_prompts(rng, k // 3)
         rng.shuffle(texts)
         return [Prompt(t, "templates", OWN) for t in texts]
     en = sources.man_families(sources.man_pages())
