@@ -225,3 +225,13 @@ def test_a_drafter_trains_from_corpus_shards(tmp_path):
 
     line = corpus_line({"corpus": "c", "domain": "chat", "corpus_shards": shards})
     assert "(2 train and 1 eval shards, 5 answers; prompts version 1: 2 shards, prompts version 2: 1 shard)" in line
+    # `--shards-from`: a piece reads only the shards numbered from it on (train and held out alike), and its
+    # card says so.
+    later = corpus_data(argparse.Namespace(**vars(a), shards_from=10), target)
+    assert len(later[0]) == 2 and len(later[1]) == 1  # shard 16 to train on, shard 10 held out; shard 4 not read
+    assert later[3] == {"train_shards": 1, "eval_shards": 1, "answers": 3, "prompts_versions": {"1": 1, "2": 1},
+                        "first_shard": 10}
+    assert "(1 train and 1 eval shards numbered 10 and up, 3 answers;" in corpus_line(
+        {"corpus": "c", "domain": "chat", "corpus_shards": later[3]})
+    with pytest.raises(SystemExit, match="numbered 17 or more"):
+        corpus_data(argparse.Namespace(**vars(a), shards_from=17), target)

@@ -361,7 +361,9 @@ def shards_note(info: dict) -> str:
     if not c:
         return ""
     versions = ", ".join(f"prompts version {v}: {n} shard{'s' if n != 1 else ''}" for v, n in c["prompts_versions"].items())
-    return f" ({c['train_shards']} train and {c['eval_shards']} eval shards, {c['answers']:,} answers; {versions})"
+    since = f" numbered {c['first_shard']} and up" if c.get("first_shard") else ""
+    return (f" ({c['train_shards']} train and {c['eval_shards']} eval shards{since}, {c['answers']:,} answers; "
+            f"{versions})")
 
 
 def corpus_line(info: dict) -> str:

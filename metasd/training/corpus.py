@@ -312,33 +312,35 @@ def corpus_data(a: argparse.Namespace, target: Any) -> tuple[list, list, float, 
     from metasd.training.common import CORPUS_DOMAINS, corpus_examples
 
     domains = CORPUS_DOMAINS[a.domain]
+    first = getattr(a, "shards_from", 0)  # a piece may train on the shards added since the piece before
     # In the order of the drafter's domains, then of the shards (as the rows have always been read).
-    shards = sorted(((i, info) for i, info in shard_infos(a.corpus) if info["domain"] in domains),
+    shards = sorted(((i, info) for i, info in shard_infos(a.corpus) if info["domain"] in domains and i >= first),
                     key=lambda s: (domains.index(s[1]["domain"]), s[0]))
     rows: dict[str, list] = {"train": [], "eval": []}
     for i, info in shards:
         rows[info["split"]] += read_shard(Path(a.corpus), i)
     if not rows["train"]:
-        raise SystemExit(f"{a.corpus} has no finished train shards of {', '.join(domains)}")
+        raise SystemExit(f"{a.corpus} has no finished train shards of {', '.join(domains)}"
+                         + (f" numbered {first} or more" if first else ""))
     random.Random(a.seed).shuffle(rows["eval"])
     score = getattr(a, "kind", "distilled") != "white-box"  # a head's features pass scores the rows itself
     train_ex = corpus_examples(target, rows["train"], topk=a.topk, desc=f"{a.domain}: target on the corpus", score=score)
     eval_ex = corpus_examples(target, rows["eval"][: a.eval_prompts], topk=a.topk, desc=f"{a.domain}: held out",
                               score=score)
     secs = sum(info["seconds"] for _, info in shards)
-    return train_ex, eval_ex, float(secs), shards_summary([info for _, info in shards])
+    return train_ex, eval_ex, float(secs), shards_summary([info for _, info in shards], first)
 
 
-def shards_summary(infos: list[dict]) -> dict:
+def shards_summary(infos: list[dict], first: int = 0) -> dict:
     """What a drafter's file records of the shards it trained on: counts of train and eval shards, answers, and
-    shards per prompts version (a folder may hold several)."""
+    shards per prompts version (a folder may hold several); `first`, where the piece read only shards from it on."""
     c: Counter = Counter()
     versions: Counter = Counter()
     for info in infos:
         c.update({f"{info['split']}_shards": 1, "answers": info["answers"]})
         versions[str(info.get("prompts_version", 1))] += 1
     return {"train_shards": c["train_shards"], "eval_shards": c["eval_shards"], "answers": c["answers"],
-            "prompts_versions": dict(sorted(versions.items()))}
+            "prompts_versions": dict(sorted(versions.items())), **({"first_shard": first} if first else {})}
 
 
 def write_manifest(out: Path) -> dict:

@@ -274,6 +274,9 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--data-cache", default="", help="save/reuse the generated examples here (a .pt file)")
     ap.add_argument("--corpus", default="",
                     help="train on this corpus folder (python -m metasd.training.corpus) instead of generating data")
+    ap.add_argument("--shards-from", type=int, default=0,
+                    help="with --corpus: read only shards numbered this or more (a piece on the shards added since "
+                    "the piece before; held-out shards too)")
     ap.add_argument("--unroll", type=int, default=3, help="white-box: training-time-test steps per position")
     ap.add_argument("--resume", default="",
                     help="continue training this drafter or head file (its draft vocabulary and layers) instead of a fresh one")
