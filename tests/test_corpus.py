@@ -215,22 +215,27 @@ def test_a_drafter_trains_from_corpus_shards(tmp_path):
     assert [e.top_ids for e in heads] == [None, None] and [e.labels for e in heads] == [e.labels for e in train_ex]
     # What the drafter's file records of the folder: the shards it read (its domains' only), by split and prompts
     # version; one added after the data was read is not among them.
-    assert shards == {"train_shards": 1, "eval_shards": 1, "answers": 3, "prompts_versions": {"1": 2}}
+    assert shards == {"train_shards": 1, "eval_shards": 1, "answers": 3, "prompts_versions": {"1": 2},
+                      "domains": {"qa": 2}}
     corpus.write_shard(tmp_path, 16, rows, {**info, "domain": "summarization", "prompts_version": 2})
     assert shards["train_shards"] == 1
     shards = corpus_data(a, target)[3]
-    assert shards == {"train_shards": 2, "eval_shards": 1, "answers": 5, "prompts_versions": {"1": 2, "2": 1}}
+    assert shards == {"train_shards": 2, "eval_shards": 1, "answers": 5, "prompts_versions": {"1": 2, "2": 1},
+                      "domains": {"qa": 2, "summarization": 1}}
     assert corpus_data(argparse.Namespace(**{**vars(a), "domain": "math"}), target)[3]["train_shards"] == 1
     from metasd.training.common import corpus_line
 
     line = corpus_line({"corpus": "c", "domain": "chat", "corpus_shards": shards})
+    assert line.startswith("- the qa, summarization shards of the corpus `c`")  # the domains it read, not all four
+    assert "the chat, qa, summarization, translation shards" in corpus_line(
+        {"corpus": "c", "domain": "chat", "corpus_shards": {k: v for k, v in shards.items() if k != "domains"}})
     assert "(2 train and 1 eval shards, 5 answers; prompts version 1: 2 shards, prompts version 2: 1 shard)" in line
     # `--shards-from`: a piece reads only the shards numbered from it on (train and held out alike), and its
     # card says so.
     later = corpus_data(argparse.Namespace(**vars(a), shards_from=10), target)
     assert len(later[0]) == 2 and len(later[1]) == 1  # shard 16 to train on, shard 10 held out; shard 4 not read
     assert later[3] == {"train_shards": 1, "eval_shards": 1, "answers": 3, "prompts_versions": {"1": 1, "2": 1},
-                        "first_shard": 10}
+                        "domains": {"qa": 1, "summarization": 1}, "first_shard": 10}
     assert "(1 train and 1 eval shards numbered 10 and up, 3 answers;" in corpus_line(
         {"corpus": "c", "domain": "chat", "corpus_shards": later[3]})
     with pytest.raises(SystemExit, match="numbered 17 or more"):

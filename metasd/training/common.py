@@ -370,6 +370,8 @@ def corpus_line(info: dict) -> str:
     """A card's data line for a drafter trained on a corpus folder ('' for one trained on generated data)."""
     if not info.get("corpus"):
         return ""
-    return (f"- the {', '.join(CORPUS_DOMAINS.get(info.get('domain', ''), ()))} shards of the corpus `{info['corpus']}`"
+    # The domains whose shards it read where the record says (older records: every domain the drafter reads).
+    read = (info.get("corpus_shards") or {}).get("domains") or CORPUS_DOMAINS.get(info.get("domain", ""), ())
+    return (f"- the {', '.join(read)} shards of the corpus `{info['corpus']}`"
             f"{shards_note(info)} (metasd/training/corpus.py: templates, man pages and Python's documentation, none a "
             "Spec-Bench prompt or page example; its manifest has the sources and licences), the target's greedy answers")

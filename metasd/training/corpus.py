@@ -336,11 +336,14 @@ def shards_summary(infos: list[dict], first: int = 0) -> dict:
     shards per prompts version (a folder may hold several); `first`, where the piece read only shards from it on."""
     c: Counter = Counter()
     versions: Counter = Counter()
+    domains: Counter = Counter()
     for info in infos:
         c.update({f"{info['split']}_shards": 1, "answers": info["answers"]})
         versions[str(info.get("prompts_version", 1))] += 1
+        domains[info["domain"]] += 1
     return {"train_shards": c["train_shards"], "eval_shards": c["eval_shards"], "answers": c["answers"],
-            "prompts_versions": dict(sorted(versions.items())), **({"first_shard": first} if first else {})}
+            "prompts_versions": dict(sorted(versions.items())), "domains": dict(sorted(domains.items())),
+            **({"first_shard": first} if first else {})}
 
 
 def write_manifest(out: Path) -> dict:
