@@ -240,3 +240,5 @@ def test_a_drafter_trains_from_corpus_shards(tmp_path):
         {"corpus": "c", "domain": "chat", "corpus_shards": later[3]})
     with pytest.raises(SystemExit, match="numbered 17 or more"):
         corpus_data(argparse.Namespace(**vars(a), shards_from=17), target)
+    with pytest.raises(SystemExit, match="no held-out shards of .* numbered 11 or more"):
+        corpus_data(argparse.Namespace(**vars(a), shards_from=11), target)  # shard 16 to train on, none held out

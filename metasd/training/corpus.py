@@ -322,6 +322,9 @@ def corpus_data(a: argparse.Namespace, target: Any) -> tuple[list, list, float, 
     if not rows["train"]:
         raise SystemExit(f"{a.corpus} has no finished train shards of {', '.join(domains)}"
                          + (f" numbered {first} or more" if first else ""))
+    if first and not rows["eval"]:  # a piece's held-out agreement needs held-out shards of its own range
+        raise SystemExit(f"{a.corpus} has no held-out shards of {', '.join(domains)} numbered {first} or more; "
+                         "choose a lower --shards-from")
     random.Random(a.seed).shuffle(rows["eval"])
     score = getattr(a, "kind", "distilled") != "white-box"  # a head's features pass scores the rows itself
     train_ex = corpus_examples(target, rows["train"], topk=a.topk, desc=f"{a.domain}: target on the corpus", score=score)
