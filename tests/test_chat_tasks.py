@@ -1,4 +1,4 @@
-"""The chat domain's composed prompts (version 2): well formed, of every kind, reproducible, held out."""
+"""The chat domain's composed prompts (versions 2 and 3): well formed, of every kind, reproducible, held out."""
 
 from __future__ import annotations
 
@@ -39,7 +39,7 @@ def test_the_chat_domain_is_mostly_composed_and_reproducible():
     a = [p.text for p in corpus.domain_prompts("chat", 119, 64)]
     assert a == [p.text for p in corpus.domain_prompts("chat", 119, 64)]
     assert a != [p.text for p in corpus.domain_prompts("chat", 125, 64)]
-    assert corpus.PROMPTS_VERSION["chat"] == chat_tasks.CHAT_PROMPTS_VERSION == 2
+    assert corpus.PROMPTS_VERSION["chat"] == chat_tasks.CHAT_PROMPTS_VERSION == 3
     rng = random.Random("corpus:chat:119")  # domain_prompts' own draw: its composed prompts come first
     composed = [chat_tasks.chat_task(rng) for _ in range(64 - 64 // 4)]
     assert sorted(composed) != sorted(a) and set(composed) <= set(a)  # three in four composed, then shuffled
@@ -56,3 +56,18 @@ def test_held_out_check_drops_a_chat_prompt_close_to_a_benchmark_one():
     held = corpus.HeldOut.default()
     texts = [p.text for seed in range(119, 119 + 6 * 6, 6) for p in corpus.domain_prompts("chat", seed, 64)]
     assert sum(held.hits(t) for t in texts) <= 0.05 * len(texts)
+
+
+def test_everyday_asks_for_explanations_and_advice_none_a_page_example():
+    """Version 3's kind covers its five shapes, and none of its prompts is held out (the page's qa and chat
+    examples are of these shapes, so the check would catch a copied one)."""
+    rng = random.Random(4)
+    texts = [chat_tasks.everyday(rng) for _ in range(600)]
+    assert any(t.startswith("Why ") for t in texts)
+    assert any(" work?" in t or "happens inside" in t for t in texts)
+    assert any("difference between" in t or " tell " in t or "the same as" in t for t in texts)
+    assert any(any(t.lstrip("Hi! ").lower().startswith(s.lower()[:20]) for s, _ in chat_tasks.ADVICE) for t in texts)
+    assert any("suggest" in t or "What are" in t for t in texts)
+    held = corpus.HeldOut.default()
+    assert not any(held.hits(t) for t in texts)
+    assert len(set(texts)) > 300  # varied, not a handful of lines repeated

@@ -1,4 +1,4 @@
-"""Composed chat prompts for the chat domain's training data (prompts version 2).
+"""Composed chat prompts for the chat domain's training data (prompts versions 2 and 3).
 
 Version 1 filled seventeen one-line templates ("Explain {topic} to {audience}.") and five role-play lines.
 A head trained on their answers agreed with the target 0.51 of the time on the corpus's own held-out answers
@@ -10,6 +10,10 @@ an extraction prompt hands over a short text or list and asks for a format; a QA
 question. Here each kind is composed from parts of those shapes, every part with several wordings, so the
 answers cover what the target writes for such requests. Nothing is copied from a dataset; the held-out check
 of metasd/training/corpus.py drops any prompt that shares 8 words with a benchmark prompt or page example.
+
+Version 3 adds a sixth kind, `everyday`: why something in daily life happens, how a familiar thing works, the
+difference between two things people mix up, and practical advice asked in the first person ("I keep ...; any
+tips?"). The page's qa and chat examples are of those shapes and version 2's pieces did not move them.
 """
 
 from __future__ import annotations
@@ -19,7 +23,8 @@ from collections.abc import Callable
 
 from metasd.training.train_data import NAMES
 
-CHAT_PROMPTS_VERSION = 2  # 1: train_data's one-line templates and corpus.ROLEPLAY; 2: three in four composed here
+# 1: train_data's one-line templates and corpus.ROLEPLAY; 2: three in four composed here; 3: plus `everyday`
+CHAT_PROMPTS_VERSION = 3
 
 # ---------------------------------------------------------------------------------------------- writing
 
@@ -289,8 +294,77 @@ def short_question(rng: random.Random) -> str:
     return q
 
 
-KINDS: list[Callable[[random.Random], str]] = [writing, roleplay, open_question, extraction, short_question]
-WEIGHTS = [4, 3, 4, 1, 2]
+# ---------------------------------------------------------------------------------------------- everyday
+
+# Why something familiar happens (asked plainly, or "...?" with a request for brevity or a child's level)
+WHYS = ["do onions make people cry", "does bread go stale", "do cats purr", "does ice float on water",
+        "do we get goosebumps", "does the sea taste salty", "do leaves change colour in autumn",
+        "does coffee keep people awake", "do we yawn", "does metal feel colder than wood at the same temperature",
+        "do our fingers wrinkle in the bath", "does thunder follow lightning", "do planes leave white trails",
+        "does a spoon in a glass of water look bent", "do we dream", "does popcorn pop",
+        "do some people get seasick", "does the Moon change shape during the month", "do bubbles look rainbow-coloured",
+        "does hot water sometimes freeze faster than cold water"]
+# How a familiar thing works
+WORKS = ["a microwave oven", "a refrigerator", "noise-cancelling headphones", "a credit card payment",
+         "a smoke detector", "a heat pump", "a touch screen", "a vaccine", "an electric car battery", "GPS navigation",
+         "a compass", "a dishwasher", "wireless charging", "a solar panel", "a thermostat", "a rainbow"]
+# Two things people mix up
+PAIRS = [("weather", "climate"), ("a cold", "the flu"), ("baking soda", "baking powder"), ("a crocodile", "an alligator"),
+         ("RAM", "storage"), ("a debit card", "a credit card"), ("an asteroid", "a comet"), ("speed", "velocity"),
+         ("a latte", "a cappuccino"), ("a turtle", "a tortoise"), ("an allergy", "an intolerance"),
+         ("a hurricane", "a tornado"), ("a lake", "a pond"), ("interest", "dividends"), ("a psychologist", "a psychiatrist"),
+         ("a fruit", "a vegetable"), ("a simile", "a metaphor"), ("Wi-Fi", "mobile data")]
+# First-person situations asking for advice, each with what to ask for
+ADVICE = [("I struggle to fall asleep at night", "tips"), ("I want to start running but I get out of breath quickly",
+           "a simple plan"), ("my houseplants keep dying", "advice"), ("I spend too much money on takeaway food",
+           "ideas"), ("I have a job interview next week and I get nervous", "tips"),
+          ("I want to learn Spanish in my free time", "a plan"), ("my desk is always cluttered", "suggestions"),
+          ("I sit at a computer all day and my back hurts", "tips"), ("I want to read more books this year", "ideas"),
+          ("I find it hard to wake up early", "tips"), ("I'm hosting a birthday party for a ten-year-old", "ideas"),
+          ("I keep losing my keys", "simple tricks"), ("I want to eat more vegetables", "easy ideas"),
+          ("I'm moving to a new city where I don't know anyone", "advice"),
+          ("my phone battery runs out before the evening", "tips"), ("I want to save for a holiday", "a simple plan"),
+          ("I get distracted when I work from home", "suggestions"), ("I have a long flight coming up", "tips"),
+          ("I'd like to cook more at home but I'm a beginner", "ideas"), ("my kids spend too long on screens", "advice")]
+ASKS = [("Can you suggest {n} {x}?", ["easy breakfasts I can make in five minutes", "cheap weekend activities for a family",
+                                       "healthy snacks for work", "ways to relax after a stressful day",
+                                       "board games for four adults", "gifts for a friend who loves gardening",
+                                       "houseplants that are hard to kill", "habits that help with focus"]),
+        ("What are {n} {x}?", ["good ways to keep a conversation going", "things to pack for a weekend of hiking",
+                               "simple ways to use less plastic at home", "signs that a car needs servicing",
+                               "questions to ask when renting a flat", "quick exercises I can do at my desk"])]
+REPLIES = ["Any {w}?", "Do you have any {w}?", "What would you suggest?", "Can you give me some {w}?",
+           "Could you help with some {w}?"]
+LEVELS = ["", "", "", " Answer briefly.", " Keep it short.", " Explain it simply.", " Explain it like I'm ten.",
+          " Give a short answer, then the details."]
+
+
+def everyday(rng: random.Random) -> str:
+    """An everyday explanation or piece of advice, as a chat user types it (version 3's kind)."""
+    kind = rng.randrange(5)
+    if kind == 0:
+        q = f"Why {rng.choice(WHYS)}?"
+    elif kind == 1:
+        q = rng.choice(["How does {x} work?", "Can you explain how {x} works?", "What actually happens inside {x}?"])
+        q = q.format(x=rng.choice(WORKS))
+    elif kind == 2:
+        a, b = rng.choice(PAIRS)
+        a, b = (a, b) if rng.random() < 0.5 else (b, a)
+        q = rng.choice(["What is the difference between {a} and {b}?", "How can I tell {a} from {b}?",
+                        "Is {a} the same as {b}?"]).format(a=a, b=b)
+    elif kind == 3:
+        situation, want = rng.choice(ADVICE)
+        q = f"{situation[0].upper()}{situation[1:]}. " + rng.choice(REPLIES).format(w=want)
+        q = rng.choice(["", "", "Hi! ", "Hello, ", "Quick one: "]) + q
+    else:
+        shape, xs = rng.choice(ASKS)
+        q = rng.choice(["", "", "Hi! "]) + shape.format(n=rng.choice(["three", "five", "a few", "some"]),
+                                                       x=rng.choice(xs))
+    return q + rng.choice(LEVELS)
+
+
+KINDS: list[Callable[[random.Random], str]] = [writing, roleplay, open_question, extraction, short_question, everyday]
+WEIGHTS = [4, 3, 4, 1, 2, 4]
 
 
 def chat_task(rng: random.Random) -> str:

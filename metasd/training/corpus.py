@@ -196,7 +196,7 @@ def domain_prompts(domain: str, seed: int, n: int) -> list[Prompt]:
         return [Prompt(t, "templates+stdlib", f"{OWN}; {sources.PSF}") for t in code_prompts(rng, n)]
     if domain == "math":
         return [Prompt(t, "templates", OWN) for t in math_prompts(rng, n)]
-    if domain == "chat":  # version 2: three in four composed (chat_tasks.py), the rest version 1's templates
+    if domain == "chat":  # versions 2-3: three in four composed (chat_tasks.py), the rest version 1's templates
         k = n // 4
         texts = [chat_task(rng) for _ in range(n - k)] + chat_prompts(rng, k - k // 3) + roleplay_prompts(rng, k // 3)
         rng.shuffle(texts)
