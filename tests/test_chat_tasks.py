@@ -66,7 +66,7 @@ def test_everyday_asks_for_explanations_and_advice_none_a_page_example():
     assert any(t.startswith("Why ") for t in texts)
     assert any(" work?" in t or "happens inside" in t for t in texts)
     assert any("difference between" in t or " tell " in t or "the same as" in t for t in texts)
-    assert any(any(t.lstrip("Hi! ").lower().startswith(s.lower()[:20]) for s, _ in chat_tasks.ADVICE) for t in texts)
+    assert any(any(s[1:20] in t for s, _ in chat_tasks.ADVICE) for t in texts)  # first person, any greeting
     assert any("suggest" in t or "What are" in t for t in texts)
     held = corpus.HeldOut.default()
     assert not any(held.hits(t) for t in texts)
