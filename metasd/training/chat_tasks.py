@@ -296,7 +296,7 @@ def short_question(rng: random.Random) -> str:
 
 # ---------------------------------------------------------------------------------------------- everyday
 
-# Why something familiar happens (asked plainly, or "...?" with a request for brevity or a child's level)
+# Why something familiar happens (every shape of this kind may end with one of LEVELS)
 WHYS = ["do onions make people cry", "does bread go stale", "do cats purr", "does ice float on water",
         "do we get goosebumps", "does the sea taste salty", "do leaves change colour in autumn",
         "does coffee keep people awake", "do we yawn", "does metal feel colder than wood at the same temperature",
