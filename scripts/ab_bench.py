@@ -13,7 +13,9 @@ Prints, and writes to WORK/ab.md and WORK/ab.csv, per method: tokens/s of each r
 wall time), B over A, rounds, and the mean time a round spent drafting, verifying and on everything else
 (bookkeeping: picking, scoring, learning, emitting); and whether the two revisions played the same rounds
 (drafter, drafted, accepted and emitted per round, from each run's rounds.csv), so that a speed difference
-is not a difference of work. The CPU's model and whether it has AVX-512 and AMX head the table.
+is not a difference of work; and, where `baseline` is among the methods, each revision's speed-up over its own
+target alone. `--b-only METHODS` runs methods that A's build lacks (metasd-tree before 5eaf07d) on B alone, in
+B's same bench process. The CPU's model and whether it has AVX-512 and AMX head the table.
 """
 
 from __future__ import annotations
@@ -151,7 +153,27 @@ def table(results: pd.DataFrame, same: dict[str, tuple[int, int]], labels: tuple
         n_same, n = same.get(method, (0, 0))
         row["same rounds"] = f"{n_same} of {n}" if n else "n/a"
         rows.append(row)
-    return pd.DataFrame(rows)
+    out = pd.DataFrame(rows)
+    base = out[out.method == "baseline"]
+    if len(base):  # each revision's methods over its own target alone, as bench's summary gives them
+        for label in labels:
+            out[f"{label} over baseline"] = out[f"{label} tok/s"] / float(base[f"{label} tok/s"].iloc[0])
+    return out
+
+
+def with_methods(bench_args: list[str], extra: str) -> list[str]:
+    """`bench_args` with the comma-separated `extra` methods added to its --methods (or as its --methods)."""
+    if not extra:
+        return bench_args
+    out = list(bench_args)
+    for i, arg in enumerate(out):
+        if arg == "--methods" and i + 1 < len(out):
+            out[i + 1] = f"{out[i + 1]},{extra}"
+            return out
+        if arg.startswith("--methods="):
+            out[i] = f"{arg},{extra}"
+            return out
+    return [*out, "--methods", extra]
 
 
 def markdown(t: pd.DataFrame) -> str:
@@ -178,6 +200,8 @@ def main() -> int:
     ap.add_argument("--spec-bench-tasks", action="store_true",
                     help="MT-Bench's sub-categories as one task (also passed to bench)")
     ap.add_argument("--work", default=None, help="folder for the exported revisions and the runs (default: a temp one)")
+    ap.add_argument("--b-only", default="", metavar="METHODS",
+                    help="methods B alone runs, beside --methods in the same bench process (ones A's build lacks)")
     a, bench_args = ap.parse_known_args()
 
     work = Path(a.work or tempfile.mkdtemp(prefix="metasd-ab-"))
@@ -188,6 +212,7 @@ def main() -> int:
                   a.spec_bench_tasks)
     if a.spec_bench_tasks:
         bench_args = ["--spec-bench-tasks", *bench_args]
+    args_of = {"A": bench_args, "B": with_methods(bench_args, a.b_only)}
     if not todo or not todo[0]:
         sys.exit("no prompts selected")
     print(cpu_line(), flush=True)
@@ -201,7 +226,7 @@ def main() -> int:
             dirs = {}
             for label in order:
                 dirs[label] = work / "runs" / f"pair{pair + 1}" / f"chunk{k + 1:02d}-{label}"
-                spent = run_chunk(trees[label], chunk, dirs[label], bench_args)
+                spent = run_chunk(trees[label], chunk, dirs[label], args_of[label])
                 done_runs += 1
                 eta = (time.perf_counter() - t0) / done_runs * (total - done_runs)
                 print(f"[{done_runs}/{total}] {label} chunk {k + 1} ({chunk[0].get('category', '')}, {len(chunk)} "

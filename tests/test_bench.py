@@ -411,3 +411,28 @@ def test_ab_bench_selects_chunks_and_tabulates_two_revisions(tmp_path):
     assert row["A verify ms/round"] == 75.0 and row["B verify ms/round"] == 50.0 and row["A draft ms/round"] == 1.0
     assert row["same rounds"] == "2 of 2" and row["A accepted/call"] == 0.75
     assert "| single:x | 16.00 | 64 | 0.75 | 1.00 | 75.00 | 2.00 | 20.00 |" in markdown(t)
+
+
+def test_ab_bench_b_only_methods_and_speed_up_over_each_baseline():
+    """`--b-only`: methods joined to B's --methods alone (A's build may lack them); each revision's speed-up
+    over its own baseline; a method only B ran has no A figures and no B/A."""
+    import pandas as pd
+
+    from scripts.ab_bench import table, with_methods
+
+    args = ["--threads", "1", "--methods", "baseline,single:x"]
+    assert with_methods(args, "metasd-tree") == ["--threads", "1", "--methods", "baseline,single:x,metasd-tree"]
+    assert with_methods(["--methods=baseline"], "t") == ["--methods=baseline,t"]
+    assert with_methods(["--threads", "1"], "t") == ["--threads", "1", "--methods", "t"]
+    assert with_methods(args, "") == args
+
+    def row(method: str, rev: str, wall: float) -> dict:
+        return {"method": method, "question_id": "1", "new_tokens": 64, "wall_s": wall, "target_calls": 32,
+                "mean_accepted": 1.0, "draft_s": 0.0, "verify_s": 1.0, "overhead_s": 0.0, "rev": rev}
+
+    results = pd.DataFrame([row("baseline", "A", 8.0), row("baseline", "B", 4.0), row("single:x", "A", 4.0),
+                            row("single:x", "B", 2.0), row("metasd-tree", "B", 1.0)])
+    t = table(results, {}, ("A", "B")).set_index("method")
+    assert t.loc["single:x", "A over baseline"] == 2.0 and t.loc["single:x", "B over baseline"] == 2.0
+    assert t.loc["metasd-tree", "B over baseline"] == 4.0
+    assert pd.isna(t.loc["metasd-tree", "A tok/s"]) and pd.isna(t.loc["metasd-tree", "B/A"])
