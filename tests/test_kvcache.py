@@ -82,9 +82,12 @@ def test_a_shallow_copy_and_its_original_never_write_into_each_other():
     _pass(model, borrowed, [7, 8, 9], 4)
     for layer, (k, v) in zip(target.layers, target_now, strict=True):
         assert torch.equal(layer.keys, k) and torch.equal(layer.values, v)
-    # And each still computes what a DynamicCache fed the same would.
+    # And each still computes what a DynamicCache fed the same passes would (the same passes: a row's bits may
+    # depend on how many rows share its pass, on CPUs whose default kernels are not row-invariant).
     ref = DynamicCache(config=model.config)
-    _pass(model, ref, list(range(6)) + [30, 31, 32, 33, 34, 35, 36], 0)
+    _pass(model, ref, list(range(10)), 0)
+    crop_to(ref, 6)
+    _pass(model, ref, [30, 31, 32, 33, 34, 35, 36], 6)
     assert torch.equal(_pass(model, target, [1], 13), _pass(model, ref, [1], 13))
 
 

@@ -18,6 +18,7 @@ from transformers import DynamicCache
 from metasd.core.passes import VerifyPart
 from metasd.decoding.engine import collect, drive, generate, prepare, steps
 from metasd.drafting.whitebox import HeadConfig
+from metasd.models import cpu_attention
 from metasd.models.cpu_linear import pack_linears
 from metasd.serving.batch import PassCost, Rounds, measure_pass_cost, row_invariant, verify_together
 from metasd.serving.streaming import FairSlots
@@ -481,15 +482,14 @@ def test_a_heads_layer_for_several_requests_gives_each_its_own_bits():
             assert a.shape == b.shape and torch.equal(a, b)
 
 
-@pytest.mark.parametrize("temperature", [0.0, 1.0])
-def test_white_box_requests_share_the_passes_and_their_heads_read_their_own_features(temperature, caplog):
+@pytest.mark.parametrize("temperature, mixed", [(0.0, False), (1.0, False), (0.0, True)])
+def test_white_box_requests_share_the_passes_and_their_heads_read_their_own_features(temperature, mixed, caplog):
     """A white-box head's request verifies in the shared pass like any other (it never runs a pass of its own
     after its prompt's), and its head holds, after every round, bit for bit the features it holds in its solo run
     (and within float noise those of a fresh full pass); every request's output is its solo output. (Before,
     a white-box request verified alone: three of these four would never have shared a pass.) The heads' own
     layer calls of several requests run together too, as the distilled drafters' forwards do."""
-    from metasd.decoding.engine import Request
-    from metasd.drafting.whitebox import WhiteBoxDrafter, WhiteBoxHead
+    from metasd.drafting.whitebox import WhiteBoxDrafter
 
     bundle = tiny_bundle(vocab=48, seed=5, scale=3.0, white_box=True, layers=3)
     _packed_head(bundle)
@@ -514,12 +514,33 @@ def test_white_box_requests_share_the_passes_and_their_heads_read_their_own_feat
         return inspect
 
     heads = [i for i in range(len(prompts)) if kw(i).get("drafters") and "tiny-eagle" in kw(i)["drafters"]]
+    pinned = cpu_attention.pinned()
+    if mixed:
+        cpu_attention.pin(True)
+        threads = torch.get_num_threads()
+        torch.set_num_threads(2)
+    try:
+        _white_box_class(bundle, prompts, kw, heads, recorder, mixed, caplog)
+    finally:
+        if mixed:
+            cpu_attention.pin(pinned)
+            torch.set_num_threads(threads)
+
+
+def _white_box_class(bundle, prompts, kw, heads, recorder, mixed, caplog):
+    from metasd.decoding.engine import Request
+    from metasd.drafting.whitebox import WhiteBoxHead
+
     solo_out, solo_feats = [], {}
     for i, p in enumerate(prompts):
         req = prepare(bundle, p, **kw(i))
         solo_feats[i] = []
         solo_out.append(_emitted(drive(req, None, recorder(solo_feats[i], False) if i in heads else None)))
-    rounds = Rounds(bundle.target, max_batch=4, idle_s=1.0)
+    # `mixed`: a crowd on one thread, a run alone and the prompts on two, as the rounds' processes run them; their
+    # attention then runs on one thread (pinned above for the solo runs too: a run alone in such a process).
+    rounds = (Rounds(bundle.target, max_batch=4, idle_s=1.0, threads=2, crowd_threads=1) if mixed
+              else Rounds(bundle.target, max_batch=4, idle_s=1.0))
+    assert rounds.mixes_thread_counts() == mixed
     shared_feats: dict[int, list] = {i: [] for i in heads}
     alone = Request.pass_alone
 

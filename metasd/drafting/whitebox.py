@@ -40,6 +40,7 @@ from metasd.core.sampling import Sampling, warp
 from metasd.drafting.drafters import Draft, Drafter, chain_steps, fit_vocab
 from metasd.drafting.files import DRAFT_VOCAB, WHITEBOX_FORMAT, DraftHead, read_drafter_file, read_info, save_drafter_file
 from metasd.drafting.registry import register_kind
+from metasd.models import cpu_attention
 
 
 @dataclass(frozen=True)
@@ -138,7 +139,7 @@ class Attention(nn.Module):
         """Attention before the output projection: [B, T_q, heads * D]."""
         # Grouped-query attention inside the kernel: no copy of the keys and values per query head (measured:
         # 18 against 41 us for one query over 121 positions, the same bits).
-        out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=self.c.num_heads != self.c.num_kv_heads)
+        out = cpu_attention.sdpa(q, k, v, attn_mask=mask, enable_gqa=self.c.num_heads != self.c.num_kv_heads)
         b, _, t, _ = out.shape
         return out.transpose(1, 2).reshape(b, t, -1)
 

@@ -1,1 +1,2 @@
-"""Models: presets (the only models anything loads), CPU linear packing, ZeroGPU durations."""
+"""Models: presets (the only models anything loads), CPU linear packing and thread-invariant attention, ZeroGPU
+durations."""

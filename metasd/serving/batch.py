@@ -29,7 +29,6 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 import torch
-import torch.nn.functional as F
 from transformers.masking_utils import create_causal_mask
 from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
 
@@ -37,6 +36,7 @@ from metasd.core.events import RoundEvent
 from metasd.core.kvcache import new_cache
 from metasd.core.passes import DraftPart, HeadPart, VerifyPart, crop_to, forward_alone, head_alone
 from metasd.decoding.prefix import PrefixStore
+from metasd.models import cpu_attention
 from metasd.models.cpu_linear import held_modules, rows_agree
 
 try:
@@ -137,8 +137,8 @@ def _attention(attn: torch.nn.Module, x: torch.Tensor, parts: list[VerifyPart], 
     for p, (a, b), mask in zip(parts, spans, masks, strict=True):
         keys, values = p.cache.update(k[:, :, a:b], v[:, :, a:b], attn.layer_idx)
         if isinstance(mask, _Additive):
-            o = F.scaled_dot_product_attention(q[:, :, a:b], keys, values, attn_mask=mask.bias, scale=attn.scaling,
-                                               enable_gqa=True).transpose(1, 2)
+            o = cpu_attention.sdpa(q[:, :, a:b], keys, values, attn_mask=mask.bias, scale=attn.scaling,
+                                   enable_gqa=True).transpose(1, 2)
         else:
             o, _ = interface(attn, q[:, :, a:b], keys, values, mask, dropout=0.0, scaling=attn.scaling)
         out[:, a:b] = o.reshape(1, b - a, -1)
@@ -392,7 +392,10 @@ class Rounds:
                  crowd_threads: int | None = None, block: int = 0):
         if max_batch < 1:
             raise ValueError("max_batch must be at least 1")
-        self.model, self.max_batch, self.threads, self.idle_s = model, max_batch, threads, idle_s
+        self.model, self.max_batch, self.idle_s = model, max_batch, idle_s
+        # torch's threads for a run alone; by default its maker's (a new thread would take torch's process-wide
+        # count of the moment, whatever another thread last set).
+        self.threads = threads if threads is not None else torch.get_num_threads()
         # With `block` (a GPU: kernels chosen by the number of rows), every pass's row-wise layers run in calls of
         # `block` rows (`rowwise`), a request alone included, so that its bits never depend on its company.
         self.block = block
@@ -443,8 +446,24 @@ class Rounds:
         with self._cv:
             return len(self._members) + len(self._joining)
 
+    def mixes_thread_counts(self) -> bool:
+        """Whether a request's passes may run at two thread counts here: alone (and its prompt) at `threads`, in a
+        crowd at `crowd_threads`."""
+        return bool(self.crowd_threads and self.threads and self.crowd_threads != self.threads)
+
+    def keep_bits_across_counts(self) -> bool:
+        """Where a request's passes mix thread counts and attention's bits move with the count, this process's
+        attention runs on one thread from now on, so that a request computes the same bits alone and in a crowd
+        (metasd/models/cpu_attention.py; one thread costs a two-thread pass ~8% on the CPU that needs it). Called
+        by the driver as it starts: in the process that runs the rounds, not the server that forked it. Returns
+        whether attention is pinned."""
+        if self.mixes_thread_counts() and getattr(self.model, "config", None) is not None:
+            return cpu_attention.pin_if_needed(self.model.config)
+        return cpu_attention.pinned()
+
     def _loop(self) -> None:
         self._threads_now = 0
+        self.keep_bits_across_counts()
         while not _EXITING.is_set() and self._admit():
             try:
                 self._round()  # in a call of its own: its locals (a finished request's tensors) are freed as it returns
