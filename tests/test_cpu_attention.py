@@ -106,3 +106,23 @@ def test_transformers_sdpa_entry_reads_the_switch(pin_state):
     cpu_attention.pin(False)
     cpu_attention.pin(True)
     assert ALL_ATTENTION_FUNCTIONS.get_interface("sdpa", None) is entry and hasattr(entry, "__wrapped__")
+
+
+def test_a_rounds_made_without_threads_runs_at_its_makers_count():
+    """A new thread takes torch's process-wide count of the moment (whatever another thread last set); the rounds'
+    driver instead runs at the count of the thread that made the Rounds."""
+    import threading
+
+    from metasd.serving.batch import Rounds
+
+    model = tiny_llama(vocab=48, layers=2)
+    before = torch.get_num_threads()
+    try:
+        torch.set_num_threads(2)
+        elsewhere = threading.Thread(target=torch.set_num_threads, args=(1,))
+        elsewhere.start()
+        elsewhere.join()
+        assert Rounds(model, 2, share=True).threads == 2
+        assert Rounds(model, 2, threads=1, share=True).threads == 1
+    finally:
+        torch.set_num_threads(before)
