@@ -10,8 +10,9 @@ from torch import nn
 from transformers import DynamicCache
 
 from metasd import run, target_greedy
+from metasd.core.kvcache import new_cache
 from metasd.models import cpu_linear
-from metasd.models.cpu_linear import PackedLinear, pack_linears, unpack_linears
+from metasd.models.cpu_linear import PackedLinear, held_modules, pack_linears, unpack_linears
 from tests.tiny import tiny_bundle, tiny_llama
 
 pytestmark = pytest.mark.skipif(cpu_linear._packed_op() is None, reason="this torch has no oneDNN packed linear")
@@ -334,3 +335,38 @@ def test_a_fused_attention_trains_any_one_of_its_projections():
     attn.k_proj.weight.requires_grad_(True)
     model(torch.randint(0, 64, (1, 8))).logits.sum().backward()
     assert attn.k_proj.weight.grad is not None and attn.k_proj.weight.grad.abs().sum() > 0
+
+
+def test_lone_rows_pad_to_three_only_where_the_sweep_says_so_and_compute_the_same_bits():
+    """pad_lone_rows: a model below the size bound is never timed; above it (the bound lowered here), padding follows
+    the measured sweeps (a stand-in measure: clearly faster, then not), and the padded model's one-id passes give
+    bitwise the logits they gave unpadded. The real sweep runs and restores every layer's padding."""
+    from metasd.models.cpu_linear import LONE_PAD, lone_row_sweeps, pad_lone_rows
+
+    model = tiny_llama(vocab=64, layers=2, hidden=64)
+    assert pack_linears(model) > 0
+    layers = [m for m in held_modules(model) if isinstance(m, PackedLinear) and m._w is not None]
+    before = [m.min_rows for m in layers]
+    assert not pad_lone_rows(model, measure=lambda ls: (10.0, 1.0))  # small: never timed, never padded
+    assert not pad_lone_rows(model, measure=lambda ls: (10.0, 9.9), min_bytes=0)
+    assert [m.min_rows for m in layers] == before
+    plain, padded = lone_row_sweeps(layers, reps=1)
+    assert plain > 0 and padded > 0 and [m.min_rows for m in layers] == before
+    ids = torch.tensor([[3, 1, 4, 1, 5, 9, 2, 6]])
+    with torch.no_grad():
+        want = [model(input_ids=ids[:, : n + 1]).logits[0, -1] for n in range(8)]
+        assert pad_lone_rows(model, measure=lambda ls: (10.0, 5.0), min_bytes=0)
+        assert all(m.min_rows >= LONE_PAD for m in layers)
+        got = []
+        cache = new_cache(model.config)
+        for n in range(8):  # one id a pass, as a plain step feeds it
+            got.append(model(input_ids=ids[:, n: n + 1], position_ids=torch.tensor([[n]]), past_key_values=cache,
+                             use_cache=True).logits[0, -1])
+    cache_ref = new_cache(model.config)
+    with torch.no_grad():
+        for m, b in zip(layers, before, strict=True):
+            m.min_rows = b
+        ref = [model(input_ids=ids[:, n: n + 1], position_ids=torch.tensor([[n]]), past_key_values=cache_ref,
+                     use_cache=True).logits[0, -1] for n in range(8)]
+    assert all(torch.equal(a, b) for a, b in zip(got, ref, strict=True))
+    assert all(torch.allclose(a, b, atol=1e-5) for a, b in zip(got, want, strict=True))

@@ -244,7 +244,69 @@ def pack_linears(model: nn.Module, progress: Callable[[str], None] | None = None
         packed.min_rows = max(1, shapes[key])
         setattr(parent, name, packed)
     fuse_layers(model, *ops, shapes)
+    pad_lone_rows(model)
     return len(found)
+
+
+# A lone row (a one-id pass: every plain step, about half of a lone retrieval drafter's rounds) went through oneDNN's
+# one-row path, which streamed the weights slower than three rows on an AMD EPYC (Zen 4, 2026-12-06): the offline
+# target's one-id pass 55.6 -> 50.4 ms with every lone row padded to three (six interleaved medians), bitwise the
+# same logits. On the AVX2 CPU of 2026-12-04 three rows cost 84 against 70 ms for one, and on the AVX-512/AMX Xeon
+# the two were level: so the model's own layers are timed both ways once, where their weights outgrow the caches
+# (the effect is the weights' streaming; alone and hot a one-row call is the cheaper), and padded where three rows
+# are clearly the faster.
+LONE_PAD = 3
+LONE_PAD_MIN_BYTES = 64 * 2**20
+LONE_PAD_GAIN = 0.95  # padded sweeps must take under 95% of the plain ones' time
+
+
+def pad_lone_rows(model: nn.Module, measure: Callable[[list[PackedLinear]], tuple[float, float]] | None = None,
+                  min_bytes: int = LONE_PAD_MIN_BYTES) -> bool:
+    """Pad every one-row call of the model's packed layers to LONE_PAD rows where a measured sweep through them
+    (`measure`: ms plain, ms padded) says that is clearly faster and every layer shape gives a row padded so the
+    bits it has in company (then the model computes bitwise as before, only sooner). Returns whether it did."""
+    layers = [m for m in held_modules(model) if isinstance(m, PackedLinear) and m._w is not None]
+    if not layers or sum(m.weight.numel() * m.weight.element_size() for m in layers) < min_bytes:
+        return False
+    ok: dict[tuple[int, int, bool], bool] = {}
+    for m in layers:
+        key = (m.in_features, m.out_features, m.bias is not None)
+        if key not in ok:
+            ok[key] = min_rows_for(m, tried=(max(LONE_PAD, m.min_rows),)) != 0
+    if not all(ok.values()):
+        return False
+    plain, padded = (measure or lone_row_sweeps)(layers)
+    if padded >= LONE_PAD_GAIN * plain:
+        return False
+    for m in layers:
+        m.min_rows = max(m.min_rows, LONE_PAD)
+    return True
+
+
+@torch.no_grad()
+def lone_row_sweeps(layers: list[PackedLinear], reps: int = 3) -> tuple[float, float]:
+    """Median ms of one row through every layer in turn (a one-id pass's products, weights streamed as in a pass),
+    plain and padded to LONE_PAD rows, interleaved `reps` times."""
+    import statistics
+    import time
+
+    before = [m.min_rows for m in layers]
+    xs = {m.in_features: torch.randn(1, 1, m.in_features, generator=torch.Generator().manual_seed(0)).to(m.weight.dtype)
+          for m in layers}
+    spent: dict[bool, list[float]] = {False: [], True: []}
+    try:
+        for _ in range(reps):
+            for pad in (False, True):
+                for m, b in zip(layers, before, strict=True):
+                    m.min_rows = max(b, LONE_PAD) if pad else b
+                t = time.perf_counter()
+                for m in layers:
+                    m(xs[m.in_features])
+                spent[pad].append(1000 * (time.perf_counter() - t))
+    finally:
+        for m, b in zip(layers, before, strict=True):
+            m.min_rows = b
+    return statistics.median(spent[False]), statistics.median(spent[True])
 
 
 # Fewer, larger calls (a one-id pass of the offline target is ~210 layer calls; each costs ~10 us around its
@@ -425,8 +487,8 @@ def unfuse_layers(model: nn.Module) -> int:
 
 def padding(model: nn.Module) -> str:
     """Which packed layer shapes pad small calls (min_rows), for the load log: '' where none does."""
-    shapes = {(m.in_features, m.out_features): m.min_rows for m in model.modules()
-              if isinstance(m, PackedLinear) and m.min_rows > 1}
+    shapes = {(m.in_features, m.out_features): m.min_rows for m in held_modules(model)
+              if isinstance(m, PackedLinear) and m._w is not None and m.min_rows > 1}
     return ", ".join(f"{i}->{o} to {n} rows" for (i, o), n in shapes.items())
 
 
