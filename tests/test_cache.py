@@ -157,6 +157,20 @@ def test_verify_cost_takes_the_probed_shape_for_counts_not_fed():
     assert best_length(0.05, 5, 0.1, VerifyCost(5, profile=profile))[1] == 0
 
 
+def test_verify_cost_keeps_the_probed_shape_and_follows_the_request_in_scale():
+    from metasd.core.costs import VerifyCost
+
+    profile = ((1, 40.0), (3, 40.0), (6, 46.0))
+    c = VerifyCost(5, profile=profile)
+    c.add(1, 44.0)  # this context: 10% dearer than probed, every count alike
+    assert c(3) == pytest.approx(44.0) and c(6) == pytest.approx(46.0 * 1.1)
+    c.add(3, 66.0)  # one slow pass: every count a little dearer, three ids no dearer than one
+    assert c(3) == c(1) and 44.0 < c(3) < 50.0
+    for _ in range(20):
+        c.add(1, 44.0)  # the moment passed: so did its reading, though three ids were not fed again
+    assert c(3) == pytest.approx(44.0, rel=0.01)
+
+
 def test_probe_measures_every_count_non_decreasing():
     from metasd.decoding.probe import verify_profile
 

@@ -542,3 +542,34 @@ def test_a_kept_extra_candidate_is_not_read_as_the_arms_own_draft(monkeypatch):
     assert greedy_cells[name][at] is None  # not taken as the arm's own outcome
     doc = run_document("ids", marked, s, preset="tiny", drafters=bundle.drafter_names, settings=s.config)
     assert parse_run(json.dumps(doc)).rounds[i].draft_extra is True
+
+
+def test_one_slow_early_pass_does_not_lock_the_tree_into_plain_steps():
+    """A page example on an AMD EPYC: the tree drafted in its first rounds, nothing passed, one three-id
+    pass read 60.5 ms against ~40 for one id, and from then on every round was a plain step (no arm in the
+    tree, so no survival is learned, and no count but one is fed, so the slow reading stood). With the
+    probed profile flat (this CPU pads a lone row to three), the cost model must let that reading fade."""
+    from metasd.core.costs import VerifyCost
+
+    profile = ((1, 40.0), (2, 40.0), (3, 40.5), (4, 41.0), (6, 42.0), (8, 44.0), (10, 46.0))
+    cost = VerifyCost(4, profile=profile)
+    pol = MetaSDTree(2, seed=0)
+    for _ in range(4):  # rounds of both arms, nothing accepted
+        pol.observe_tree({0: [0.0] * 4, 1: [0.0] * 4})
+        pol.update(0, [0.0, 0.0])
+        cost.add(9, 45.0)
+        cost.add(1, 40.0)  # and plain steps between them
+    pol.observe_tree({0: [0.0, 0.0]})
+    pol.update(0, [0.0, None])
+    cost.add(3, 60.5)  # one slow pass
+    drafted = []
+    for _ in range(40):  # the target alone costs what the profile says; arm 0 now passes a third of the time
+        c = pol.decide_tree(None, kmax=[4, 4], ms=[0.1, 0.1], cost=cost, budget=9)
+        fed = 1 + sum(c.depths)
+        drafted.append(fed > 1)
+        if c.depths[0]:
+            pol.observe_tree({0: [1 / 3] * c.depths[0]})
+        pol.update(c.arm, [0.2 if c.depths[0] else 0.0, None])
+        cost.add(fed, cost.profile[0][1] if fed == 1 else 40.0 + 0.5 * (fed - 2))
+    assert cost(3) < 1.05 * 40.5  # the slow reading faded
+    assert sum(drafted[-20:]) >= 10, drafted  # and arm 0 is back in the tree

@@ -26,34 +26,40 @@ def expected_accepted(g: Sequence[float]) -> float:
 
 
 class VerifyCost:
-    """Smoothed time (ms) of one verification by the number of ids fed (1 .. gamma + 1).
+    """Smoothed time (ms) of one verification by the number of ids fed (1 .. gamma + 1 and beyond).
 
-    `profile`, (ids, ms) pairs probed once for the model (metasd/decoding/probe.py), gives the curve's
-    shape for the counts this request has not fed yet: a count never fed costs its profile value
-    scaled by the nearest fed count's measured / profiled ratio (this request's context and company).
-    Without a profile, counts between two fed ones are interpolated and others extrapolated."""
+    With `profile`, (ids, ms) pairs probed once for the model (metasd/decoding/probe.py), a count costs
+    scale * profile(count), where `scale` follows every pass this request verifies, whatever its count
+    (its context and company make every count dearer or cheaper together). The probe's shape is kept:
+    it is the fastest of several interleaved sweeps, while a request's own reading of one count is a single
+    pass whose moment (another process, a slow core) says nothing of that count. Costs kept per count
+    made two traps: one slow three-id pass read early priced three ids for the rest of an answer (a tree
+    planned plain steps for 120 rounds: no other count was fed again to correct it), and a count read in
+    a slow minute looked dearer than its neighbours read in a fast one. Without a profile, the counts fed
+    are kept, interpolated between and extrapolated beyond."""
 
     def __init__(self, gamma: int, extra_id: float = EXTRA_ID_PRIOR,
                  profile: Sequence[tuple[int, float]] = ()) -> None:
         self.ms = [0.0] * (gamma + 2)
         self.extra_id = extra_id
         self.profile = tuple(profile)
+        self.scale = 0.0  # smoothed measured / profiled, over every pass
 
     def add(self, fed: int, ms: float) -> None:
         if fed >= len(self.ms):  # a token tree may feed more ids than a chain's gamma + 1
             self.ms.extend([0.0] * (fed + 1 - len(self.ms)))
         old = self.ms[fed]
         self.ms[fed] = ms if old == 0 else 0.8 * old + 0.2 * ms
+        if self.profile:
+            ratio = ms / max(profiled(self.profile, fed), 1e-6)
+            self.scale = ratio if not self.scale else 0.8 * self.scale + 0.2 * ratio
 
     def __call__(self, fed: int) -> float:
+        if self.profile:
+            return (self.scale or 1.0) * profiled(self.profile, fed)
         if fed < len(self.ms) and self.ms[fed]:
             return self.ms[fed]
         seen = [(i, m) for i, m in enumerate(self.ms) if m]
-        if self.profile:
-            if not seen:
-                return profiled(self.profile, fed)
-            i, m = min(seen, key=lambda s: (abs(s[0] - fed), -s[0]))  # the nearest fed count
-            return m * profiled(self.profile, fed) / profiled(self.profile, i)
         if not seen:
             return 1.0
         lo = [(i, m) for i, m in seen if i < fed]
