@@ -46,13 +46,14 @@ class VerifyCost:
         self.scale = 0.0  # smoothed measured / profiled, over every pass
 
     def add(self, fed: int, ms: float) -> None:
+        if self.profile:  # the per-count averages below are read only without one
+            ratio = ms / max(profiled(self.profile, fed), 1e-6)
+            self.scale = ratio if not self.scale else 0.8 * self.scale + 0.2 * ratio
+            return
         if fed >= len(self.ms):  # a token tree may feed more ids than a chain's gamma + 1
             self.ms.extend([0.0] * (fed + 1 - len(self.ms)))
         old = self.ms[fed]
         self.ms[fed] = ms if old == 0 else 0.8 * old + 0.2 * ms
-        if self.profile:
-            ratio = ms / max(profiled(self.profile, fed), 1e-6)
-            self.scale = ratio if not self.scale else 0.8 * self.scale + 0.2 * ratio
 
     def __call__(self, fed: int) -> float:
         if self.profile:
