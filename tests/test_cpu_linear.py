@@ -12,7 +12,7 @@ from transformers import DynamicCache
 from metasd import run, target_greedy
 from metasd.core.kvcache import new_cache
 from metasd.models import cpu_linear
-from metasd.models.cpu_linear import PackedLinear, held_modules, pack_linears, unpack_linears
+from metasd.models.cpu_linear import PackedLinear, live_packed, pack_linears, unpack_linears
 from tests.tiny import tiny_bundle, tiny_llama
 
 pytestmark = pytest.mark.skipif(cpu_linear._packed_op() is None, reason="this torch has no oneDNN packed linear")
@@ -345,7 +345,7 @@ def test_lone_rows_pad_to_three_only_where_the_sweep_says_so_and_compute_the_sam
 
     model = tiny_llama(vocab=64, layers=2, hidden=64)
     assert pack_linears(model) > 0
-    layers = [m for m in held_modules(model) if isinstance(m, PackedLinear) and m._w is not None]
+    layers = live_packed(model)
     before = [m.min_rows for m in layers]
     assert not pad_lone_rows(model, measure=lambda ls: (10.0, 1.0))  # small: never timed, never padded
     assert not pad_lone_rows(model, measure=lambda ls: (10.0, 9.9), min_bytes=0)

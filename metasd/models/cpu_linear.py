@@ -187,6 +187,12 @@ def held_modules(model: nn.Module) -> list[nn.Module]:
     return list(seen.values())
 
 
+def live_packed(model: nn.Module) -> list[PackedLinear]:
+    """Every packed layer a pass of `model` calls with its own packed weight: the fused products included, the parts
+    they replaced (released, `PackedLinear.release`) left out."""
+    return [m for m in held_modules(model) if isinstance(m, PackedLinear) and m._w is not None]
+
+
 def _children(model: nn.Module, plain: bool) -> list[tuple[nn.Module, str, nn.Module]]:
     """(parent, attribute, layer) for every plain `nn.Linear` (plain=True) or every `PackedLinear` registered in
     a module of `held_modules(model)`; a layer held as a plain attribute itself (a target's head a drafter
@@ -265,7 +271,7 @@ def pad_lone_rows(model: nn.Module, measure: Callable[[list[PackedLinear]], tupl
     """Pad every one-row call of the model's packed layers to LONE_PAD rows where a measured sweep through them
     (`measure`: ms plain, ms padded) says that is clearly faster and every layer shape gives a row padded so the
     bits it has in company (then the model computes bitwise as before, only sooner). Returns whether it did."""
-    layers = [m for m in held_modules(model) if isinstance(m, PackedLinear) and m._w is not None]
+    layers = live_packed(model)
     if not layers or sum(m.weight.numel() * m.weight.element_size() for m in layers) < min_bytes:
         return False
     ok: dict[tuple[int, int, bool], bool] = {}
@@ -487,8 +493,7 @@ def unfuse_layers(model: nn.Module) -> int:
 
 def padding(model: nn.Module) -> str:
     """Which packed layer shapes pad small calls (min_rows), for the load log: '' where none does."""
-    shapes = {(m.in_features, m.out_features): m.min_rows for m in held_modules(model)
-              if isinstance(m, PackedLinear) and m._w is not None and m.min_rows > 1}
+    shapes = {(m.in_features, m.out_features): m.min_rows for m in live_packed(model) if m.min_rows > 1}
     return ", ".join(f"{i}->{o} to {n} rows" for (i, o), n in shapes.items())
 
 
