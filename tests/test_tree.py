@@ -573,3 +573,63 @@ def test_one_slow_early_pass_does_not_lock_the_tree_into_plain_steps():
         cost.add(fed, cost.profile[0][1] if fed == 1 else 40.0 + 0.5 * (fed - 2))
     assert cost(3) < 1.05 * 40.5  # the slow reading faded
     assert sum(drafted[-20:]) >= 10, drafted  # and arm 0 is back in the tree
+
+
+def test_a_greedy_model_draft_offers_its_runner_ups_prefix_closed():
+    """`sibling_paths`: at each position the drafter read, its next most probable ids besides the chain's,
+    each with the drafter's chance of the whole path; the chain's prefixes with them; most probable first."""
+    from metasd.drafting.drafters import sibling_paths
+
+    def row(**p):  # logits whose softmax is the given probabilities over a 6-id vocabulary
+        probs = torch.full((6,), 1e-9)
+        for k, v in p.items():
+            probs[int(k[1:])] = v
+        return probs.log()
+
+    # a chain of 2 and 5 that stopped at its third row (no id of it confident enough): all of that row's best
+    rows = [row(t2=0.6, t4=0.3, t1=0.1), row(t5=0.5, t0=0.25, t3=0.25), row(t1=0.4, t2=0.3, t3=0.3)]
+    got = dict(sibling_paths([2, 5], rows, k=3, n=100, width=2))
+    want = {(4,): 0.3, (1,): 0.1, (2,): 0.6, (2, 0): 0.15, (2, 3): 0.15, (2, 5): 0.3,
+            (2, 5, 1): 0.12, (2, 5, 2): 0.09, (2, 5, 3): 0.09}
+    assert got.keys() == want.keys()
+    for path, chance in want.items():
+        assert got[path] == pytest.approx(chance, rel=1e-5), path
+    for n in range(1, 10):  # any cut keeps every prefix of what it keeps
+        kept = {p for p, _ in sibling_paths([2, 5], rows, k=3, n=n, width=2)}
+        assert len(kept) == n and all(p[:j] in kept for p in kept for j in range(1, len(p)))
+    assert {len(p) for p, _ in sibling_paths([2, 5], rows, k=1, n=100, width=2)} == {1}
+
+
+def test_model_drafters_runner_ups_join_greedy_trees_and_never_sampled_ones(monkeypatch):
+    """A greedy model draft is a function of the context, so its runner-ups are deterministic candidates for
+    the spare room (output still the target's own); a sampled draft offers none (its rows follow its draws)."""
+    from metasd.decoding import tree_round as TR
+    from metasd.drafting.drafters import GreedySiblings
+
+    _full_trees(monkeypatch)
+    offered: list[tuple[bool, str]] = []
+    real = TR.extra_branches
+
+    def spy(req, t):
+        out = real(req, t)
+        offered.extend((req.s.greedy, req.names[b.arm]) for b in out)
+        return out
+
+    monkeypatch.setattr(TR, "extra_branches", spy)
+    kept_rows: list[tuple[bool, bool]] = []  # (greedy run, the draft kept rows to offer)
+    real_keep = GreedySiblings.keep_rows
+    monkeypatch.setattr(GreedySiblings, "keep_rows", lambda self, ids, toks, rows: (
+        kept_rows.append((greedy, bool(rows))), real_keep(self, ids, toks, rows)))
+    for seed in range(3):
+        greedy = True
+        bundle = tiny_bundle(vocab=20, seed=seed, noise=0.3, layers=2, white_box=True)
+        prompt = [(5 * i + seed) % 20 for i in range(7)]
+        rounds, s = run(bundle, prompt, policy="metasd-tree", max_new_tokens=30, gamma=4, seed=seed)
+        assert list(s.token_ids) == target_greedy(bundle, prompt, 30)
+        greedy = False
+        run(bundle, prompt, policy="metasd-tree", max_new_tokens=30, gamma=4, seed=seed, temperature=0.8)
+    models = {"layer-skip", "tiny-lm", "tiny-eagle"}
+    assert {name for g, name in offered if g} & models == models
+    assert not {name for g, name in offered if not g} & models
+    assert any(kept for g, kept in kept_rows if g)
+    assert any(not g for g, _ in kept_rows) and not any(kept for g, kept in kept_rows if not g)

@@ -99,9 +99,10 @@ def branch_order(t: TreeRound, b: Branch) -> tuple[int, int]:
 
 
 def extra_branches(req, t: TreeRound) -> list[Branch]:
-    """The room the chains leave in the budget, filled with the model-free arms' other candidates (their
-    second matches, the target's recorded runner-up successors): the most probable nodes first, each only
-    while its chance of being accepted outweighs what one more verified id costs (docs/DESIGN.md §9).
+    """The room the chains leave in the budget, filled with the arms' other candidates (the model-free arms'
+    second matches and the target's recorded runner-up successors; in a greedy round the runner-ups of each
+    model drafter's chain): the most probable nodes first, each only while its chance of being accepted
+    outweighs what one more verified id costs (docs/DESIGN.md §9).
 
     Which extras exist must not depend on a sampled chain's draws (sampled verification is exact only then):
     the room and the paths already held are those of the deterministic chains (functions of the context), each
@@ -116,7 +117,9 @@ def extra_branches(req, t: TreeRound) -> list[Branch]:
     depth = min(req.st.gamma, req.budget)  # never past the tokens left to generate
     cands = []
     for i, d in enumerate(req.arms):
-        if d.model_free and depth > 0:  # deterministic: each candidate is a one-hot proposal, lossless sampled
+        # Deterministic candidates only (each a one-hot proposal, lossless sampled too): the model-free arms',
+        # and in a greedy round a model drafter's runner-ups along the chain it just drafted.
+        if depth > 0 and (d.model_free or (req.s.greedy and t.depths[i] > 0)):
             scale = req.policy.extra_scale(i)  # what the arm's stated chances turned out to be worth so far
             for path, said in d.alternatives(req.ids, depth, 2 * room):
                 cands.append((i, path, said * scale))

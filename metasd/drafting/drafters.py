@@ -309,15 +309,19 @@ def fit_vocab(logits: torch.Tensor, target_vocab: int, tokenizer_vocab: int) -> 
     return logits
 
 
-def chain_steps(logits: torch.Tensor, k: int, s: Sampling, generator: torch.Generator | None, min_confidence: float
+def chain_steps(logits: torch.Tensor, k: int, s: Sampling, generator: torch.Generator | None, min_confidence: float,
+                seen: list[torch.Tensor] | None = None
                 ) -> Generator[torch.Tensor, torch.Tensor, tuple[list[torch.Tensor], list[torch.Tensor]]]:
     """Draft up to k tokens from a model's logits, one at a time: yields each token the model must be fed
     and receives the logits after it (never for the last one: nothing needs its logits). Stops early
     when the drafter's own top probability falls below `min_confidence` (after the first token): unlikely
-    tokens are rarely accepted and each costs a drafter step. Returns the tokens and, when sampling, their q rows."""
+    tokens are rarely accepted and each costs a drafter step. Returns the tokens and, when sampling, their q rows.
+    `seen`, when given, collects every logits row the chain read (one per token, and the row it stopped at)."""
     tokens: list[torch.Tensor] = []
     qs: list[torch.Tensor] = []
     for i in range(k):
+        if seen is not None:
+            seen.append(logits)
         x, q = sample_or_argmax(logits, s, generator)
         if i > 0 and min_confidence > 0:
             top = q.max() if q is not None else torch.softmax(logits.float(), -1).max()
@@ -331,7 +335,53 @@ def chain_steps(logits: torch.Tensor, k: int, s: Sampling, generator: torch.Gene
     return tokens, qs
 
 
-class ModelDrafter(Drafter):
+SIBLINGS = 3  # runner-up ids a greedy model draft offers a token tree at each position it read
+
+
+def sibling_paths(tokens: list[int], rows: list[torch.Tensor], k: int, n: int, width: int = SIBLINGS
+                  ) -> list[tuple[tuple[int, ...], float]]:
+    """A greedy model draft's runner-ups as a token tree's extra candidates (EAGLE-2's dynamic tree, cut to
+    one level off the chain): at each position j the drafter read (`rows[j]`, its logits after the chain's
+    first j ids), its `width` most probable ids other than the chain's, each with the drafter's own chance of
+    the whole path (the chain's first j ids, then the runner-up). The chain's own prefixes come too, so that
+    the set is prefix-closed. At most n paths of at most k ids, the most probable first."""
+    rows = rows[:k]
+    if not rows or n <= 0:
+        return []
+    probs = torch.softmax(torch.stack(rows).float(), -1)
+    top_p, top_x = probs.topk(min(width + 1, probs.shape[-1]), -1)
+    out: list[tuple[tuple[int, ...], float]] = []
+    chance = 1.0
+    for j, (ps, xs) in enumerate(zip(top_p.tolist(), top_x.tolist(), strict=True)):
+        head = tuple(tokens[:j])
+        mine = tokens[j] if j < len(tokens) else None
+        out.extend((head + (x,), chance * p) for p, x in zip(ps, xs, strict=True) if x != mine)
+        if mine is None:
+            break
+        chance *= float(probs[j, mine])
+        out.append((head + (mine,), chance))
+    out.sort(key=lambda c: (-c[1], len(c[0])))  # a prefix never after its extensions
+    return out[:n]
+
+
+class GreedySiblings:
+    """For model drafters: remember the rows of the last greedy draft, so that `alternatives` can offer its
+    runner-ups. A greedy draft is a function of the context, so they are deterministic candidates, which a
+    token tree may verify beside any chain; a sampled draft keeps none (its rows depend on its own draws)."""
+
+    _drafted: tuple[int, list[int], list[torch.Tensor]] | None = None  # (len(ids), tokens, rows read)
+
+    def keep_rows(self, ids: list[int], tokens: list[int], rows: list[torch.Tensor] | None) -> None:
+        self._drafted = (len(ids), tokens, rows) if rows else None
+
+    def alternatives(self, ids: list[int], k: int, n: int) -> list[tuple[tuple[int, ...], float]]:
+        d = self._drafted
+        if d is None or d[0] != len(ids):  # only right after a draft from these very ids
+            return []
+        return sibling_paths(d[1], d[2], k, n)
+
+
+class ModelDrafter(GreedySiblings, Drafter):
     """Any causal LM that shares the target's tokenizer, with its own KV cache.
 
     The cache catches up lazily: when the drafter is chosen again after other drafters were
@@ -361,6 +411,7 @@ class ModelDrafter(Drafter):
         self.reset([])
 
     def reset(self, prompt_ids: list[int]) -> None:
+        self._drafted = None
         self.cache = new_cache(self.model.config)
         self.cached: list[int] = []  # the token ids whose keys/values are in self.cache
         self.offset = 0  # ...which are ids[offset : offset + len(cached)] (0 unless windowed)
@@ -438,10 +489,12 @@ class ModelDrafter(Drafter):
 
     @torch.inference_mode()
     def propose_steps(self, ids, k, s, generator):
+        self._drafted = None
         if k <= 0:
             return Draft([], None)
         logits = (yield from self._sync(ids, len(ids), len(ids) - 1, keep=1))[-1]
-        chain = chain_steps(logits, k, s, generator, self.min_confidence)
+        rows: list[torch.Tensor] | None = [] if s.greedy else None
+        chain = chain_steps(logits, k, s, generator, self.min_confidence, rows)
         try:
             x = next(chain)
             while True:
@@ -452,6 +505,7 @@ class ModelDrafter(Drafter):
         toks = torch.stack(tokens).tolist()
         fed = len(toks) if len(toks) < k else k - 1
         self.cached[len(self.cached) - fed :] = toks[:fed]
+        self.keep_rows(ids, toks, rows)
         return Draft(toks, torch.stack(qs) if qs else None)
 
     @torch.inference_mode()

@@ -37,7 +37,7 @@ from torch import nn
 
 from metasd.core.passes import HeadPart, head_alone, solo
 from metasd.core.sampling import Sampling, warp
-from metasd.drafting.drafters import Draft, Drafter, chain_steps, fit_vocab
+from metasd.drafting.drafters import Draft, Drafter, GreedySiblings, chain_steps, fit_vocab
 from metasd.drafting.files import DRAFT_VOCAB, WHITEBOX_FORMAT, DraftHead, read_drafter_file, read_info, save_drafter_file
 from metasd.drafting.registry import register_kind
 from metasd.models import cpu_attention
@@ -276,7 +276,7 @@ def load_head(path: str | Path, target, device: torch.device, dtype: torch.dtype
 read_head_info = read_info  # (config, training record) of a head's file
 
 
-class WhiteBoxDrafter(Drafter):
+class WhiteBoxDrafter(GreedySiblings, Drafter):
     """One request's use of a white-box head: the target's features it was given and the head's KV cache.
 
     Feature row t is the target's hidden state at position t (known for every position the target's cache
@@ -301,6 +301,7 @@ class WhiteBoxDrafter(Drafter):
         self.reset([])
 
     def reset(self, prompt_ids: list[int]) -> None:
+        self._drafted = None
         self._buf: torch.Tensor | None = None  # [capacity, len(layers) * d]: rows 0 .. nf - 1 hold features
         self.nf = 0
         self.f0 = 0  # position of the features' row 0
@@ -403,6 +404,7 @@ class WhiteBoxDrafter(Drafter):
     @torch.inference_mode()
     def propose_steps(self, ids, k, s, generator):
         n = len(ids)
+        self._drafted = None
         if k <= 0 or n < 2:
             return Draft([], None)
         synced = yield from self._sync(ids, n - 1, n - 2)
@@ -410,7 +412,8 @@ class WhiteBoxDrafter(Drafter):
             return Draft([], None)
         true_len = len(self.tokens)
         state, last = synced[0][-1:], synced[1]
-        chain = chain_steps(self._fit(last), k, s, generator, self.min_confidence)
+        rows: list[torch.Tensor] | None = [] if s.greedy else None
+        chain = chain_steps(self._fit(last), k, s, generator, self.min_confidence, rows)
         try:
             x, i = next(chain), 0
             while True:
@@ -421,7 +424,9 @@ class WhiteBoxDrafter(Drafter):
         except StopIteration as end:
             tokens, qs = end.value
         self._crop(true_len)  # drafted positions never stay: the next round brings true features
-        return Draft(torch.stack(tokens).tolist(), torch.stack(qs) if qs else None)
+        toks = torch.stack(tokens).tolist()
+        self.keep_rows(ids, toks, rows)
+        return Draft(toks, torch.stack(qs) if qs else None)
 
     @torch.inference_mode()
     def predict(self, ids, start, n, s):
