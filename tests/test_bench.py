@@ -193,6 +193,17 @@ def test_calls_accepted_and_time_split_are_consistent(tiny_result):
     assert (rounds["ids_verified"] == rounds["drafted"] + 1).all()  # a chain reads the last id and its draft
 
 
+def test_every_run_times_its_prompts_pass(tiny_result):
+    """The target alone's prompt pass is its first forward call: timed, shorter than its run; so are ours."""
+    res = tiny_result.results.set_index(["method", "question_id"])
+    for name in ("baseline", "hf-pld", "hf-assisted:tiny-lm", "single:tiny-lm", "metasd-ucb"):
+        r = res.loc[name]
+        assert (r["prefill_s"] > 0).all() and (r["prefill_s"] < r["wall_s"]).all(), name
+    s = summarize(tiny_result.results).set_index(["method", "category"])
+    assert s.loc[("baseline", "overall"), "after_prompt_speedup"] == pytest.approx(1.0)
+    assert s["after_prompt_speedup"].notna().all()
+
+
 def test_oracle_is_the_fastest_single_drafter_of_each_prompt(tiny_result):
     res = tiny_result.results
     singles = res[res["method"].str.startswith("single:")]
@@ -240,6 +251,24 @@ def test_a_slower_method_shows_a_lower_speedup():
     t = speedup_table(summarize(df))
     assert list(t.index) == ["baseline", "fast", "slow"] and list(t.columns) == ["writing", "rag", "overall"]
     assert over_default_kernels(summarize(df)) is None
+    # No prompt pass timed for the baseline: no speed-up after it, anywhere (never a sum over some prompts).
+    assert s["after_prompt_speedup"].isna().all()
+
+
+def test_the_speed_up_after_the_prompts_pass():
+    """Each run's prompt pass out of its wall time, summed per group: what the rounds gain."""
+    df = _table({"baseline": [2.0, 2.0, 3.0], "fast": [1.0, 1.0, 1.0]})
+    df["prefill_s"] = [0.5, 0.5, 1.0, 0.4, 0.4, 0.5]  # baseline's three, then fast's
+    s = summarize(df).set_index(["method", "category"])
+    assert s.loc[("fast", "writing"), "after_prompt_speedup"] == pytest.approx((1.5 + 1.5) / (0.6 + 0.6))
+    assert s.loc[("fast", "rag"), "after_prompt_speedup"] == pytest.approx(2.0 / 0.5)
+    assert s.loc[("fast", "overall"), "after_prompt_speedup"] == pytest.approx(5.0 / 1.7)
+    assert s.loc[("fast", "overall"), "speedup"] == pytest.approx(7.0 / 3.0)  # whole answers: lower
+    df.loc[5, "prefill_s"] = math.nan  # one run without the figure: its groups have none
+    s = summarize(df).set_index(["method", "category"])
+    assert s.loc[("fast", "writing"), "after_prompt_speedup"] == pytest.approx(2.5)
+    assert math.isnan(s.loc[("fast", "rag"), "after_prompt_speedup"])
+    assert math.isnan(s.loc[("fast", "overall"), "after_prompt_speedup"])
 
 
 def test_speedups_over_the_target_alone_with_default_kernels():
@@ -254,12 +283,16 @@ def test_speedups_over_the_target_alone_with_default_kernels():
 
 def test_summary_markdown_and_files(tiny_result, tmp_path):
     md = summary_markdown(tiny_result)
-    for needle in ("## Speed-up over the baseline", "## Per method and category", "overall", "speed-up",
+    for needle in ("## Speed-up over the baseline", "## Speed-up after the prompt's pass", "## Per method and category",
+                   "overall", "speed-up",
                    "accepted/call", "calls/token", "identical", "hf-assisted:tiny-lm", "Where our engine's time goes",
                    "Every output is identical"):
         assert needle in md
     # The second yardstick's section only where the target's layers were packed (the tiny model's are not).
     assert tiny_result.meta["packed_layers"] == 0 and "torch's default kernels" not in md
+    untimed = tiny_result.results.assign(prefill_s=tiny_result.results["prefill_s"].where(
+        tiny_result.results["method"] != "baseline"))  # results of a build that did not time the baseline's
+    assert "after the prompt's pass" not in summary_markdown(BenchResult(untimed, tiny_result.rounds, tiny_result.meta))
     packed = BenchResult(tiny_result.results, tiny_result.rounds, {**tiny_result.meta, "packed_layers": 22})
     assert "## Speed-up over the target alone with torch's default kernels" in summary_markdown(packed)
     paths = write_outputs(tiny_result, tmp_path / "out")
@@ -267,7 +300,7 @@ def test_summary_markdown_and_files(tiny_result, tmp_path):
     assert list(res.columns) == RESULT_COLUMNS
     assert res["identical_to_baseline"].all()
     html = paths["report.html"].read_text(encoding="utf-8")
-    assert "plotly" in html.lower() and "Speed-up over the baseline" in html
+    assert "plotly" in html.lower() and "Speed-up over the baseline" in html and "(what the rounds gain)" in html
     assert paths["summary.md"].read_text(encoding="utf-8") == md
 
 

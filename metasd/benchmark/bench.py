@@ -264,18 +264,34 @@ class Outcome:
 
 
 class _CallCounter:
-    """Counts the target's own forward calls (not a layer-skip view's, which shares its hooks dict)."""
+    """Counts the target's own forward calls (not a layer-skip view's, which shares its hooks dict), and times
+    the first call after `arm()`: in transformers' `generate` that one reads the prompt."""
 
     def __init__(self, model: torch.nn.Module) -> None:
         self.model, self.calls = model, 0
-        self.handle = model.register_forward_hook(self._hook)
+        self.first_s: float | None = None
+        self._t0: float | None = None
+        self.cuda = next(model.parameters()).device.type == "cuda"
+        self.handles = [model.register_forward_pre_hook(self._start), model.register_forward_hook(self._hook)]
+
+    def arm(self) -> None:
+        self.first_s = self._t0 = None
+
+    def _start(self, module: torch.nn.Module, args: Any) -> None:
+        if module is self.model and self._t0 is None:
+            self._t0 = time.perf_counter()
 
     def _hook(self, module: torch.nn.Module, args: Any, output: Any) -> None:
         if module is self.model:
             self.calls += 1
+            if self.first_s is None and self._t0 is not None:
+                if self.cuda:
+                    torch.cuda.synchronize()
+                self.first_s = time.perf_counter() - self._t0
 
     def close(self) -> None:
-        self.handle.remove()
+        for h in self.handles:
+            h.remove()
 
 
 def _sync(device: torch.device) -> None:
@@ -314,6 +330,8 @@ def run_method(bundle: Bundle, method: Method, ids: list[int], max_new_tokens: i
                                f"size in both models ({sizes[0]} vs {sizes[1]}); our engine handles it (fit_vocab)")
         extra["assistant_model"] = helper
     before = counter.calls if counter else 0
+    if counter:
+        counter.arm()
     with default_kernels(bundle.target) if method.kind == "default-kernels" else nullcontext():
         _sync(dev)
         t0, c0 = time.perf_counter(), time.process_time()
@@ -324,7 +342,9 @@ def run_method(bundle: Bundle, method: Method, ids: list[int], max_new_tokens: i
     calls = counter.calls - before if counter else 0
     mean_acc = max(0.0, len(out) / calls - 1) if calls else math.nan
     stop = "eos" if out and out[-1] in bundle.eos_ids else "max_new_tokens"
-    return Outcome(out, wall, calls, mean_acc, cpu_s=cpu, stop_reason=stop)
+    # Its prompt's pass: the first forward call (with prompt lookup or assisted generation, also the first candidates).
+    prefill = counter.first_s if counter and counter.first_s is not None else math.nan
+    return Outcome(out, wall, calls, mean_acc, cpu_s=cpu, prefill_s=prefill, stop_reason=stop)
 
 
 # ---------------------------------------------------------------------------------------------

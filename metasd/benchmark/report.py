@@ -80,6 +80,8 @@ def report_html(result: BenchResult) -> str:
     """One self-contained page (plotly.js inlined once, so it opens offline)."""
     s = summarize(result.results)
     figs = [speedup_figure(s)]
+    if s.loc[s["method"] != "baseline", "after_prompt_speedup"].notna().any():
+        figs.append(speedup_figure(s, "after_prompt_speedup", "Speed-up after the prompt's pass (what the rounds gain)"))
     if str(result.meta.get("device", "cpu")).startswith("cpu") and s["cpu_speedup"].notna().any():
         figs.append(speedup_figure(s, "cpu_speedup", "Speed-up in CPU time (less sensitive to other jobs on a shared CPU)"))
     figs += [time_split_figure(s), accepted_figure(s), rounds_figure(result.rounds)]
