@@ -158,6 +158,27 @@ def table(results: pd.DataFrame, same: dict[str, tuple[int, int]], labels: tuple
     if len(base):  # each revision's methods over its own target alone, as bench's summary gives them
         for label in labels:
             out[f"{label} over baseline"] = out[f"{label} tok/s"] / float(base[f"{label} tok/s"].iloc[0])
+        for label in labels:  # and after the prompt's pass, where the build times the target alone's
+            after = after_prompt(results[results.rev == label])
+            if after:
+                out[f"{label} after the prompt"] = out.method.map(after)
+    return out
+
+
+def after_prompt(r: pd.DataFrame) -> dict[str, float]:
+    """Each method's speed-up over the target alone with every run's prompt pass (`prefill_s`) taken out of its
+    wall time, on the same prompts; none where a run lacks the figure (builds before the baseline's was timed)."""
+    if "prefill_s" not in r:
+        return {}
+    rest = (r.wall_s - r.prefill_s).groupby([r.method, r.question_id]).sum(min_count=1)
+    if "baseline" not in rest.index.get_level_values(0) or rest["baseline"].isna().any():
+        return {}
+    base = rest["baseline"]
+    out = {}
+    for method in dict.fromkeys(r.method):
+        mine = rest[method]
+        if not mine.isna().any() and set(mine.index) <= set(base.index):
+            out[method] = float(base[mine.index].sum() / mine.sum())
     return out
 
 

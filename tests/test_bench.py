@@ -444,6 +444,15 @@ def test_ab_bench_selects_chunks_and_tabulates_two_revisions(tmp_path):
     assert row["A verify ms/round"] == 75.0 and row["B verify ms/round"] == 50.0 and row["A draft ms/round"] == 1.0
     assert row["same rounds"] == "2 of 2" and row["A accepted/call"] == 0.75
     assert "| single:x | 16.00 | 64 | 0.75 | 1.00 | 75.00 | 2.00 | 20.00 |" in markdown(t)
+    # After the prompt's pass: only for a revision whose target alone has its prompt pass timed.
+    base = pd.DataFrame([{"method": "baseline", "question_id": q, "new_tokens": 64, "wall_s": 6.0, "target_calls": 64,
+                          "mean_accepted": 0.0, "rev": rev, "prefill_s": p}
+                         for q in ("1", "2") for rev, p in (("A", float("nan")), ("B", 1.0))])
+    timed = pd.concat([base, results.assign(prefill_s=[float("nan")] * 2 + [0.2, 1.0])])
+    t = table(timed, {}, ("A", "B"))
+    assert "A after the prompt" not in t.columns
+    got = dict(zip(t.method, t["B after the prompt"], strict=True))
+    assert got["baseline"] == 1.0 and got["single:x"] == pytest.approx((5.0 + 5.0) / (3.0 + 2.2))
 
 
 def test_ab_bench_b_only_methods_and_speed_up_over_each_baseline():
