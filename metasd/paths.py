@@ -12,3 +12,6 @@ PRIORS_DIR = ASSETS / "priors"
 DATASTORE_DIR = ASSETS / "datastore"
 RUNS_DIR = ASSETS / "runs"
 EXAMPLES_FILE = ASSETS / "examples.json"
+# The specialists' data (metasd/training/corpus.py), kept in the repository: machines change between training
+# sessions and only what is committed survives; the shards are token ids, about 35 KB for 64 answers.
+CORPUS_DIR = ROOT / "data" / "corpus"

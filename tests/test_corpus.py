@@ -9,7 +9,7 @@ import re
 import numpy as np
 import pytest
 
-from metasd.paths import EXAMPLES_FILE
+from metasd.paths import CORPUS_DIR, EXAMPLES_FILE
 from metasd.training import corpus, sources
 
 
@@ -242,3 +242,22 @@ def test_a_drafter_trains_from_corpus_shards(tmp_path):
         corpus_data(argparse.Namespace(**vars(a), shards_from=17), target)
     with pytest.raises(SystemExit, match="no held-out shards of .* numbered 11 or more"):
         corpus_data(argparse.Namespace(**vars(a), shards_from=11), target)  # shard 16 to train on, none held out
+
+
+def test_the_kept_corpus_matches_its_records_and_holds_no_measured_prompt(offline):
+    """The shards committed in data/corpus: each as its record says (domain and split by the plan, answers and
+    tokens counted), the manifest their sum, and no prompt a Spec-Bench turn or a page example."""
+    shards = list(corpus.shard_infos(CORPUS_DIR))
+    assert shards, f"{CORPUS_DIR} holds no finished shard"
+    man = json.loads((CORPUS_DIR / "manifest.json").read_text(encoding="utf-8"))
+    assert man["shards"] == len(shards)
+    assert man["answer_tokens"] == sum(info["answer_tokens"] for _, info in shards)
+    held = corpus.HeldOut.default()
+    for i, info in shards:
+        rows = corpus.read_shard(CORPUS_DIR, i)
+        assert (info["shard"], info["answers"], len(rows)) == (i, len(rows), info["answers"])
+        assert (info["domain"], info["split"]) == corpus.shard_plan(i)
+        assert sum(len(a) for _, a in rows) == info["answer_tokens"]
+        assert sum(len(p) for p, _ in rows) == info["prompt_tokens"]
+        for p, a in rows:
+            assert a and not held.hits(offline.tokenizer.decode(p)), (i, offline.tokenizer.decode(p)[:200])
