@@ -167,7 +167,9 @@ def table(results: pd.DataFrame, same: dict[str, tuple[int, int]], labels: tuple
 
 def after_prompt(r: pd.DataFrame) -> dict[str, float]:
     """Each method's speed-up over the target alone with every run's prompt pass (`prefill_s`) taken out of its
-    wall time, on the same prompts; none where a run lacks the figure (builds before the baseline's was timed)."""
+    wall time, on the same prompts; none where a run lacks the figure (builds before the baseline's was timed).
+    The sum `metasd.benchmark.tables.summarize` makes, but over every pair's run of a prompt (`--pairs N` gives
+    a method N rows a prompt, where summarize expects one)."""
     if "prefill_s" not in r:
         return {}
     rest = (r.wall_s - r.prefill_s).groupby([r.method, r.question_id]).sum(min_count=1)
