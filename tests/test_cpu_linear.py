@@ -355,8 +355,14 @@ def test_lone_rows_pad_to_three_only_where_the_sweep_says_so_and_compute_the_sam
     ids = torch.tensor([[3, 1, 4, 1, 5, 9, 2, 6]])
     with torch.no_grad():
         want = [model(input_ids=ids[:, : n + 1]).logits[0, -1] for n in range(8)]
+        assert cpu_linear.lone_padding(model) == 0
+        bits = cpu_linear.padding(model)
         assert pad_lone_rows(model, measure=lambda ls: (10.0, 5.0), min_bytes=0)
         assert all(m.min_rows >= LONE_PAD for m in layers)
+        # the load log keeps the two reasons apart: the probed bits' padding unchanged, the timed one beside it
+        assert cpu_linear.lone_padding(model) == LONE_PAD and cpu_linear.padding(model) == bits
+        assert pad_lone_rows(model, measure=lambda ls: (10.0, 5.0), min_bytes=0) and cpu_linear.padding(model) == bits
+        assert cpu_linear.lone_padding(copy.deepcopy(model)) == LONE_PAD
         got = []
         cache = new_cache(model.config)
         for n in range(8):  # one id a pass, as a plain step feeds it

