@@ -467,8 +467,11 @@ def test_a_fault_mid_generation_is_reported_and_the_next_request_is_clean(page_o
     with mock.patch.object(engine, "verify", failing), pytest.raises(gr.Error) as err:
         for out in generate_view(SERVER, PROMPT, "offline", max_new_tokens=12, request=request("faulty")):
             seen.append(out)
-    # the user saw the rounds before the fault (frames may batch rounds: the last one holds both)
-    assert len(seen) >= 2 and "round 2," in seen[-1].tokens and "round 3," not in seen[-1].tokens
+    # the user saw the rounds before the fault (frames may batch rounds: the last one holds both). A token's
+    # title reads "round 2, ..." for a drafted one and "round 2: no draft ..." where the cost-aware policy took a
+    # plain step, which it may do on a CPU whose probed verification costs say no drafter pays yet.
+    last = seen[-1].tokens if seen else ""
+    assert len(seen) >= 2 and re.search(r"round 2[,:]", last) and not re.search(r"round 3[,:]", last)
     msg = str(err.value.message)
     if isinstance(fault, torch.OutOfMemoryError):
         assert "Out of memory" in msg
