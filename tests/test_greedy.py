@@ -171,3 +171,23 @@ def test_prompt_lookup_never_drafts_the_chat_templates_scaffolding(offline):
     assert draft and all(t not in tok.all_special_ids for t in draft)
     assert tok.decode(draft).strip() in prompt
     assert all(t >= -1 for t in pl.predict(ids + answer, len(ids), len(answer), s).tolist())
+
+
+def test_adaptive_caps_only_when_asked():
+    """Off by default, every round asks the arm for gamma ids (or the budget's rest); `adaptive=True` caps an
+    arm's next draft at the accepted count + 1 after a rejection. Both give the target's own output."""
+    bundle = tiny_bundle(vocab=24, seed=3)
+    prompt = [3, 9, 14, 2, 7, 3, 9, 14, 2, 5]  # repeats: prompt lookup drafts whole copies, some of them wrong
+    n, gamma = 60, 5
+    ref = target_greedy(bundle, prompt, n)
+    longest_after_a_miss = {}
+    for adaptive in (False, True):
+        kw = {"adaptive": True} if adaptive else {}
+        rounds, s = run(bundle, prompt, policy="single:prompt-lookup", gamma=gamma, max_new_tokens=n, **kw)
+        assert list(s.token_ids) == ref and s.config["adaptive_gamma"] is adaptive
+        after = [(prev.accepted, len(r.draft)) for prev, r in zip(rounds, rounds[1:], strict=False)
+                 if prev.accepted < len(prev.draft)]
+        assert after, "the drafter must miss somewhere for this test to say anything"
+        longest_after_a_miss[adaptive] = max(k - a for a, k in after)
+    assert longest_after_a_miss[True] <= 1  # capped at accepted + 1
+    assert longest_after_a_miss[False] > 1  # the default drafts past that cap: the check has power
