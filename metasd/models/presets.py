@@ -117,7 +117,9 @@ PRESETS: dict[str, Preset] = {
             # (assets/drafters/costs.json) and ran at 0.64x alone on Spec-Bench (2026-12-01, docs/BENCHMARKS.md).
             # The code and math heads beat the distilled drafters on the page's math and code examples, but a
             # class of 32 on the 14 examples makes 4-6% fewer tokens/s on them, even with their steps shared
-            # (docs/BENCHMARKS.md, The heads as default arms), so they stay selectable, not default.
+            # (docs/BENCHMARKS.md, The heads as default arms), so they stay selectable, not default. Re-measured
+            # with draft lengths uncapped (2026-12-07): as extra arms or in the distilled drafters' places the
+            # bandit ran 1.50-1.51x on 18 Spec-Bench prompts, the same as these six (docs/BENCHMARKS.md).
             bandit_drafters=("prompt-lookup", "token-recycling", "retrieval", *(d.name for d in DISTILLED_DRAFTERS)),
         ),
         Preset(
