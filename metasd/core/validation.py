@@ -106,9 +106,7 @@ class Settings:
     # How fast the output comes, never what it is: score model-free drafters on every verified chunk,
     # adapt each drafter's draft length to its recent runs, let drafters with nothing to propose sleep.
     free_feedback: bool = True
-    # Off by default: a cap set by the last round's miss cut drafts the target would have kept (2-12% more
-    # calls on Spec-Bench), while a pass over 1-6 ids costs about one step here (docs/DESIGN.md §2).
-    adaptive: bool = False
+    adaptive: bool = defaults.ADAPTIVE  # off: docs/DESIGN.md §2, Adaptive draft length
     sleeping: bool = True
     # Start the bandit from the preset's informed priors (metasd/bandits/priors.py) where it has them; False is
     # the paper's setting, every arm unknown.
@@ -166,11 +164,11 @@ def _has_surrogates(s: str) -> bool:
         return True
 
 
-def validate_settings(available: list[str], drafters: Any = None, policy: Any = defaults.POLICY,
-                      reward: Any = defaults.REWARD, gamma: Any = 4, max_new_tokens: Any = defaults.MAX_NEW_TOKENS,
-                      temperature: Any = defaults.TEMPERATURE, top_p: Any = defaults.TOP_P, top_k: Any = defaults.TOP_K,
-                      seed: Any = defaults.SEED, chat_template: Any = True, full_info: Any = defaults.FULL_INFO,
-                      free_feedback: Any = True, adaptive: Any = False, sleeping: Any = True, priors: Any = not defaults.COLD,
+def validate_settings(available: list[str], drafters: Any = None, policy: Any = defaults.POLICY, reward: Any = defaults.REWARD,
+                      gamma: Any = 4, max_new_tokens: Any = defaults.MAX_NEW_TOKENS, temperature: Any = defaults.TEMPERATURE,
+                      top_p: Any = defaults.TOP_P, top_k: Any = defaults.TOP_K, seed: Any = defaults.SEED,
+                      chat_template: Any = True, full_info: Any = defaults.FULL_INFO, free_feedback: Any = True,
+                      adaptive: Any = defaults.ADAPTIVE, sleeping: Any = True, priors: Any = not defaults.COLD,
                       max_new_tokens_limit: int | None = None, default: list[str] | None = None) -> Settings:
     """Check every generation setting against `available` drafters and the limits above.
 
