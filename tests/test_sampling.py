@@ -146,13 +146,13 @@ def test_metasd_tree_output_distribution_equals_target_with_trees_three_deep(ful
     if full:
         _full_trees(monkeypatch)
     deepest = []
-    play = tree_round.verify_round
+    play = tree_round.verify_part
 
     def seen(req, t):
         deepest.append(max(t.tree.depths, default=0))
         return play(req, t)
 
-    monkeypatch.setattr(tree_round, "verify_round", seen)
+    monkeypatch.setattr(tree_round, "verify_part", seen)
     monkeypatch.setattr(sys.modules[__name__], "N_TOKENS", 4)
     s = Sampling(1.0)
     # A peaked target (head scaled 14x): over four tokens half its mass lies in 58 sequences the test can count.

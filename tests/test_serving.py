@@ -17,6 +17,7 @@ from transformers import DynamicCache
 
 from metasd.core.passes import VerifyPart
 from metasd.decoding.engine import collect, drive, generate, prepare, steps
+from metasd.decoding.tree import Branch, build_tree, forward_tree, tree_mask, tree_positions
 from metasd.drafting.whitebox import HeadConfig
 from metasd.models import cpu_attention
 from metasd.models.cpu_linear import pack_linears
@@ -411,6 +412,46 @@ def test_batched_rounds_give_each_request_its_solo_output_tiny(temperature, poli
     together, rounds = _together(bundle, prompts, kw, max_batch=4)  # 6 requests: two join as others leave
     assert together == solo
     assert rounds.most >= 3 and rounds.share
+
+
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_token_tree_rounds_share_the_class_pass_and_keep_their_solo_outputs(temperature, monkeypatch):
+    """A token tree's verification is one more part of the class's pass (its nodes at their depths' positions,
+    each seeing only its ancestors), and its model drafters' forwards join the others': requests playing
+    metasd-tree beside chain policies get their solo outputs, and some passes verify several requests' trees.
+    A sampled tree's shape reads measured times (the budget, the extras' worth), and so its draws would follow the
+    clock: there every awake arm drafts at its full depth and the verification costs stay at their priors."""
+    from metasd.core.costs import VerifyCost
+    from metasd.serving import batch
+    from tests.test_tree import _full_trees
+
+    if temperature > 0:
+        _full_trees(monkeypatch)
+        monkeypatch.setattr(VerifyCost, "add", lambda self, fed, ms: None)
+
+    bundle = tiny_bundle(vocab=64)
+    assert pack_linears(bundle.target) > 0 and row_invariant(bundle.target)
+    g = torch.Generator().manual_seed(7)
+    prompts = [torch.randint(0, 64, (n,), generator=g).tolist() for n in (5, 17, 9, 30, 12)]
+    policies = ["metasd-tree", "metasd-ucb", "metasd-tree", "metasd-tree", "round-robin"]
+
+    def kw(i: int) -> dict:
+        return {"chat_template": False, "max_new_tokens": 12 + 4 * i, "temperature": temperature,
+                "policy": policies[i], "gamma": 3, "seed": i}
+
+    solo = [_emitted(generate(bundle, p, **kw(i))) for i, p in enumerate(prompts)]
+    trees_per_pass: list[int] = []
+    real = batch.verify_together
+
+    def counted(model, parts, block=0):  # the parts that are trees of more than one branch
+        trees_per_pass.append(sum(p.positions is not None and p.positions != sorted(set(p.positions)) for p in parts))
+        return real(model, parts, block)
+
+    with mock.patch.object(batch, "verify_together", side_effect=counted):
+        together, rounds = _together(bundle, prompts, kw, max_batch=4)
+    assert together == solo
+    assert max(trees_per_pass) >= 2, "no pass verified the branching trees of two requests"
+    assert rounds.most >= 3
 
 
 def test_a_shared_pass_hands_each_part_its_hidden_states_bitwise():
@@ -818,6 +859,18 @@ def test_verify_together_is_bitwise_the_solo_pass_on_the_offline_model(page_offl
     wants = [layers, (), (), layers, ()]
     parts = [VerifyPart([p[-1], *d], len(p) - 1, c, features=f)
              for p, d, c, f in zip(prompts, drafts, caches, wants, strict=True)]
+    # A token tree's part (a root and two branches, 1 -> (2, 3) and 4): against tree.forward_tree's own pass.
+    tree = build_tree([Branch(0, [11, 12, 13]), Branch(1, [11, 14]), Branch(2, [15])])
+    assert len(tree) == 5
+    p = prompts[1]
+    c = DynamicCache(config=target.config)
+    with torch.no_grad():
+        target(input_ids=torch.tensor([p[:-1]]), past_key_values=c, use_cache=True)
+        mine = copy.deepcopy(c)
+        logits, hidden = forward_tree(target, mine, p[-1], tree, len(p), hidden=True)
+        solo.append(SimpleNamespace(logits=logits[None], hidden_states=hidden))
+    parts.append(VerifyPart([p[-1], *tree.tokens], len(p) - 1, c, features=layers,
+                            positions=tree_positions(tree, len(p))[0].tolist(), mask=tree_mask(tree, len(p) - 1)))
     together = verify_together(target, parts)
     for own, logits, part in zip(solo, together, parts, strict=True):
         assert torch.equal(own.logits[0], logits)

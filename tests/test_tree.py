@@ -15,6 +15,7 @@ from transformers import DynamicCache
 
 from metasd import run, target_greedy
 from metasd.bandits.policies import Choice, MetaSDTree
+from metasd.core.passes import solo
 from metasd.core.sampling import Sampling
 from metasd.decoding import tree as T
 from metasd.drafting.drafters import ModelDrafter
@@ -278,6 +279,10 @@ class _ToyArm:
     def attach(self, cache, ids) -> None:
         pass
 
+    def propose_steps(self, ids, k, s, generator):
+        return self.propose(ids, k, s, generator)
+        yield  # a generator that asks for nothing
+
     def propose(self, ids, k, s, generator):
         from metasd.drafting.drafters import Draft
 
@@ -313,7 +318,7 @@ def _toy_round_distribution(p_tab: dict, arms: list[_ToyArm], depths: tuple[int,
         for a in arms:
             a.oracle = o
         t = tree_round.TreeRound(depths, budget, [1.0 / len(arms)] * len(arms))
-        tree_round.draft_tree(req, t)
+        solo(tree_round.draft_tree(req, t), lambda part: None)  # toy arms ask for no forward
         tree = t.tree
         ctxs = [()] + [tuple(tree.tokens[m] for m in tree.ancestors(n)) for n in range(len(tree))]
         logits = torch.stack([p_tab[c].double().clamp_min(1e-300).log() for c in ctxs])

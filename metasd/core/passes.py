@@ -32,6 +32,17 @@ class VerifyPart:
     # `states` with each wanted index's rows of this part ([1, len(ids), width], every row, whatever `keep`).
     features: tuple[int, ...] = ()
     states: dict[int, torch.Tensor] | None = None
+    # A token tree's pass (metasd/decoding/tree.py): each id's own position (the root's, then each node's at its
+    # depth) instead of start + i, and the additive 4D mask over the cached positions and these ids through
+    # which a node sees only its ancestors. None: a chain's pass, causal from `start`.
+    positions: list[int] | None = None
+    mask: torch.Tensor | None = None
+
+    def position_ids(self, device: torch.device | str = "cpu") -> torch.Tensor:
+        """[1, len(ids)]: the positions the pass gives these ids."""
+        if self.positions is not None:
+            return torch.tensor([self.positions], device=device)
+        return torch.arange(self.start, self.start + len(self.ids), device=device).view(1, -1)
 
 
 @dataclass

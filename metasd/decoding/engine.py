@@ -295,8 +295,7 @@ class Request:
     def verify(self, r: Round) -> None:
         """One target pass over the last id and the draft (row j of the logits checks draft[j]); then the
         cache rolls back to ids + the accepted draft (the target's own token is fed next round)."""
-        self.verify_part(r)
-        self.take_verdict(r, *self.pass_alone(r))
+        self.take_verdict(r, *self.pass_alone(self.verify_part(r)))
 
     def verify_part(self, r: Round) -> VerifyPart:
         """What this round's verification feeds the target: the last id, then the draft, from its position."""
@@ -304,10 +303,11 @@ class Request:
         r.inputs = [self.ids[-1]] + r.tokens
         return VerifyPart(r.inputs, r.start - 1, self.cache, features=self.features)
 
-    def pass_alone(self, r: Round) -> tuple[torch.Tensor, Any]:
-        """The verification pass on this request alone: its logits and (white-box readers) hidden states."""
-        pos = torch.arange(r.start - 1, r.start + len(r.tokens), device=self.dev).view(1, -1)
-        out = self.bundle.target(input_ids=torch.tensor([r.inputs], device=self.dev), position_ids=pos,
+    def pass_alone(self, part: VerifyPart) -> tuple[torch.Tensor, Any]:
+        """The verification pass a round asked for (a chain's or a token tree's), on this request alone: its
+        logits and (white-box readers) hidden states."""
+        out = self.bundle.target(input_ids=torch.tensor([part.ids], device=self.dev),
+                                 position_ids=part.position_ids(self.dev), attention_mask=part.mask,
                                  past_key_values=self.cache, use_cache=True, output_hidden_states=bool(self.readers))
         return out.logits[0], out.hidden_states
 
@@ -429,7 +429,7 @@ def _rounds(req: Request, stop: StopSignal, inspect: Inspect | None) -> Iterator
     x = next(it, None)
     while x is not None:
         if isinstance(x, VerifyPart):
-            x = it.send(req.pass_alone(req.round))
+            x = it.send(req.pass_alone(x))
         elif isinstance(x, DraftPart):
             x = it.send(forward_alone(x))
         elif isinstance(x, HeadPart):
@@ -455,8 +455,8 @@ def steps(req: Request, stop: StopSignal, inspect: Inspect | None = None
         clock = Clock()
         awake = req.wake()
         clock.lap("wake")
-        if req.policy.tree:  # a token tree of several arms' drafts, on a pass of its own (metasd/decoding/tree_round.py)
-            ev, eos = tree_round.play_round(req, awake, clock, inspect)
+        if req.policy.tree:  # a token tree of several arms' drafts, verified in one pass (metasd/decoding/tree_round.py)
+            ev, eos = yield from tree_round.play_round(req, awake, clock, inspect)
             yield ev
             if eos:
                 req.stop_reason = "eos"

@@ -6,12 +6,15 @@ drafters, statistics. The engine dispatches here when its policy plays trees (Po
 from __future__ import annotations
 
 import time
+from collections.abc import Generator
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 
 from metasd.core.costs import expected_accepted, reward, tree_budget
 from metasd.core.events import RoundEvent
+from metasd.core.passes import DraftPart, HeadPart, VerifyPart
 from metasd.core.sampling import warp
 from metasd.decoding import tree as T
 from metasd.decoding.tree import (
@@ -21,10 +24,11 @@ from metasd.decoding.tree import (
     branch_betas,
     build_tree,
     credit,
-    forward_tree,
     keep_rows,
     kept_branch,
     lead_arm,
+    tree_mask,
+    tree_positions,
     tree_shares,
     verify_greedy,
     verify_sampled,
@@ -67,22 +71,22 @@ def plan_tree(req, awake: list[bool] | None) -> TreeRound:
     return TreeRound(choice.depths or tuple([0] * k), budget, choice.probabilities, lead=choice.arm)
 
 
-def draft_tree(req, t: TreeRound) -> None:
-    """Every chosen arm drafts its branch (model-free ones drafted already while waking)."""
+def draft_tree(req, t: TreeRound) -> Generator[DraftPart | HeadPart, Any, None]:
+    """Every chosen arm drafts its branch (model-free ones drafted already while waking); a model drafter asks
+    the driver for each forward (Drafter.propose_steps), so that a class's shared rounds run them together."""
     for i, depth in enumerate(t.depths):
         if depth <= 0:
             continue
-        t0 = time.perf_counter()
         if i in req.pre:
-            d = req.pre[i]
+            d, spent = req.pre[i], 0.0
         else:
             req.arms[i].attach(req.cache, req.ids)
-            d = req.arms[i].propose(req.ids, depth, req.s, req.g_draft)
+            d, spent = yield from own_time(req.arms[i].propose_steps(req.ids, depth, req.s, req.g_draft))
         tokens = d.tokens[:depth]
         if tokens:
             q = d.q[: len(tokens)] if d.q is not None else None
             t.branches.append(Branch(i, list(tokens), q))
-        t.draft_ms[i] = 1000 * (time.perf_counter() - t0)
+        t.draft_ms[i] = 1000 * spent
     # The deepest planned chain first, its proposals tried first at every node; an order fixed before anything
     # was drawn (drafted lengths are not: a sampled drafter stops early on its own draws), which sampled
     # verification needs to be exact (metasd/decoding/tree.py).
@@ -91,6 +95,22 @@ def draft_tree(req, t: TreeRound) -> None:
     t.branches.extend(extra_branches(req, t))
     t.extra_ms = 1000 * (time.perf_counter() - t0)
     t.tree = build_tree(t.branches)
+
+
+def own_time(parts: Generator[Any, Any, Any]) -> Generator[Any, Any, tuple[Any, float]]:
+    """yield from `parts`: (its value, the seconds it ran), counting each forward it asked for at that forward's
+    own time (`spent_s`), not the time this request waited while a shared pass ran the others' parts."""
+    spent, t0 = 0.0, time.perf_counter()
+    try:
+        x = next(parts)
+        while True:
+            spent += time.perf_counter() - t0
+            answer = yield x
+            spent += x.spent_s
+            t0 = time.perf_counter()
+            x = parts.send(answer)
+    except StopIteration as end:
+        return end.value, spent + time.perf_counter() - t0
 
 
 def branch_order(t: TreeRound, b: Branch) -> tuple[int, int]:
@@ -159,11 +179,16 @@ def calibrate_extras(req, t: TreeRound) -> None:
     req.policy.observe_extras(said, right)
 
 
-def verify_round(req, t: TreeRound) -> tuple[torch.Tensor, ...] | None:
-    """One target pass over the root and every node of the tree."""
+def verify_part(req, t: TreeRound) -> VerifyPart:
+    """The round's verification as asked of the driver: one target pass over the root (the last id) and every
+    node of the tree, each node at its depth's position and seeing only its ancestors (tree.tree_mask)."""
     t.start = len(req.ids)
-    t.logits, hidden = forward_tree(req.bundle.target, req.cache, req.ids[-1], t.tree, t.start, bool(req.readers))
-    return hidden
+    past = t.start - 1
+    assert req.cache.get_seq_length() == past, (req.cache.get_seq_length(), past)
+    dtype = next(req.bundle.target.parameters()).dtype
+    return VerifyPart([req.ids[-1]] + t.tree.tokens, past, req.cache, features=req.features,
+                      positions=tree_positions(t.tree, t.start)[0].tolist(),
+                      mask=tree_mask(t.tree, past, dtype).to(req.dev))
 
 
 def walk(req, t: TreeRound) -> None:
@@ -181,8 +206,10 @@ def keep_path(req, t: TreeRound, hidden: tuple[torch.Tensor, ...] | None) -> Non
     rows = [0] + [n + 1 for n in t.verdict.path]
     keep_rows(req.cache, t.start - 1, rows)
     if hidden is not None:
-        idx = torch.tensor(rows, device=hidden[0].device)
-        kept = tuple(h.index_select(1, idx) for h in hidden)
+        # A pass of its own gives every layer's states (a tuple), a shared pass the layers the readers asked for.
+        items = hidden.items() if isinstance(hidden, dict) else enumerate(hidden)
+        kept = {i: h.index_select(1, torch.tensor(rows, device=h.device)) for i, h in items}
+        kept = kept if isinstance(hidden, dict) else tuple(kept[i] for i in range(len(hidden)))
         for d in req.readers:
             d.take_features(t.start - 1, kept, len(rows))
 
@@ -332,14 +359,16 @@ def emit_tree(req, t: TreeRound, clock):
     )
 
 
-def play_round(req, awake: list[bool] | None, clock, inspect=None):
+def play_round(req, awake: list[bool] | None, clock, inspect=None
+               ) -> Generator[VerifyPart | DraftPart | HeadPart, Any, tuple[RoundEvent, bool]]:
     """One tree round, its steps timed like the chain's: pick (the plan), draft, verify (the target's
-    pass), accept (the walk's result, the cache trimmed), score, learn, emit."""
+    pass), accept (the walk's result, the cache trimmed), score, learn, emit. Its passes are asked of the
+    driver as the chain's are (engine.steps): a pass of the request's own, or a share of a class's pass."""
     t = plan_tree(req, awake)
     clock.lap("pick")
-    draft_tree(req, t)
+    yield from draft_tree(req, t)
     clock.lap("draft")
-    hidden = verify_round(req, t)
+    t.logits, hidden = yield verify_part(req, t)
     clock.lap("verify")
     walk(req, t)
     clock.lap("walk")

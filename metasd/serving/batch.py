@@ -85,12 +85,15 @@ def verify_together(model: torch.nn.Module, parts: list[VerifyPart], block: int 
     h = lm.embed_tokens(torch.cat([torch.as_tensor(p.ids, device=dev).view(-1) for p in parts]).view(1, -1))
     # Every row at its own request's position: the rotary angles are elementwise in the position, so one call
     # over all rows gives each row the bits its own pass gives it.
-    pos = torch.tensor([[p.start + i for p in parts for i in range(len(p.ids))]], device=dev)
+    # (a token tree's nodes at their own depths: VerifyPart.positions).
+    pos = torch.cat([p.position_ids() for p in parts], dim=1).to(dev)
     rotary = lm.rotary_emb(h, position_ids=pos)
     direct = _direct_sdpa(lm.config, h)
-    masks = [_pass_mask(create_causal_mask(config=lm.config, inputs_embeds=h[:, a:b], attention_mask=None,
+    # Each part's own mask, as its own forward builds it: causal, or a token tree's (passed through as given).
+    masks = [p.mask.to(dev) if p.mask is not None else
+             _pass_mask(create_causal_mask(config=lm.config, inputs_embeds=h[:, a:b], attention_mask=None,
                                            past_key_values=p.cache, position_ids=pos[:, a:b]), b - a, direct)
-             for p, (a, b) in zip(parts, spans, strict=True)]  # each part's own, as its own forward builds it
+             for p, (a, b) in zip(parts, spans, strict=True)]
     top = lm.config.num_hidden_layers
     wanted = {i for p in parts for i in p.features}
     states = {0: h} if 0 in wanted else {}  # whole-pass tensors; each part gets its rows at the end
@@ -597,12 +600,12 @@ class Rounds:
         if (len(live) > 1 or self.block) and self.share:
             out = verify_together(self.model, [m.x for m in live], self.block)
             return [(logits, m.x.states) for m, logits in zip(live, out, strict=True)]
-        return [m.req.pass_alone(m.req.round) for m in live]
+        return [m.req.pass_alone(m.x) for m in live]
 
     def _advance(self, m: _Member, result: tuple[torch.Tensor, Any] | None) -> None:
-        """Run m's steps until it asks for a pass, ends a round (it is parked until the driver's next round: a
-        round that runs its own pass, a token tree's, holds the others for that round only) or ends, handing its
-        events to its stream."""
+        """Run m's steps until it asks for a pass (a chain's or a token tree's verification, a drafter's
+        forward), ends a round (it is parked until the driver's next round) or ends, handing its events to its
+        stream."""
         try:
             if result is not None:
                 m.x = m.it.send(result)
