@@ -227,8 +227,8 @@ def drive(url: str, pid: int, users: int, prompts: list[str], solo: dict, a: arg
     trees = set(range(users - min(a.tree_users, users), users))  # the last --tree-users ask for metasd-tree
 
     def user(i: int) -> None:
-        runs[i] = one_user(url, mine[i], a.max_new_tokens, go, a.timeout, a.preset, "metasd-tree" if i in trees else None,
-                           a.drafters)
+        runs[i] = one_user(url, mine[i], a.max_new_tokens, go, a.timeout, a.preset,
+                           "metasd-tree" if i in trees else a.policy, a.drafters)
 
     threads = [threading.Thread(target=user, args=(i,), daemon=True) for i in range(users)]
     for t in threads:
@@ -296,7 +296,7 @@ def engine_only(users: int, prompts: list[str], solo: dict, a: argparse.Namespac
     runs = [UserRun(prompts[i % len(prompts)]) for i in range(users)]
 
     def user(r: UserRun) -> None:
-        req = prepare(bundle, r.prompt, max_new_tokens=a.max_new_tokens, policy=PAGE_POLICY,
+        req = prepare(bundle, r.prompt, max_new_tokens=a.max_new_tokens, policy=a.policy or PAGE_POLICY,
                       **({"drafters": a.drafters} if a.drafters else {}))
         go.wait()
         t0 = time.perf_counter()
@@ -331,7 +331,8 @@ def engine_only(users: int, prompts: list[str], solo: dict, a: argparse.Namespac
     firsts = [r.first_token for r in runs if r.first_token is not None]
     same = sum(r.text == solo[r.prompt][0] for r in runs)
     per_user = statistics.median(r.tokens / r.wall for r in runs if r.wall)
-    what = "engine only" + ("" if rounds.share else ", passes not shared (rows not invariant)") + (
+    what = "engine only" + (f", {a.policy}" if a.policy else "")
+    what += ("" if rounds.share else ", passes not shared (rows not invariant)") + (
         f", {a.engine_threads} torch thread(s)" if a.engine_threads else "") + (
         f", {a.beside} beside ({a.beside_share:.0%} of a core)" if a.beside != "none" else "")
     return (f"| {users} | {what} | {sum(r.tokens for r in runs) / wall:.1f} | {per_user:.1f} "
@@ -348,8 +349,9 @@ def main() -> None:
     ap.add_argument("--max-new-tokens", type=int, default=64)
     ap.add_argument("--drafters", type=lambda v: [x.strip() for x in v.split(",") if x.strip()], default=None,
                     help="comma-separated arms every user plays (default: the preset's default arms)")
+    ap.add_argument("--policy", default=None, help="the policy every user asks for (default: the page's)")
     ap.add_argument("--tree-users", type=int, default=0,
-                    help="this many of the users (the last) ask for metasd-tree; the others the page's policy")
+                    help="this many of the users (the last) ask for metasd-tree; the others --policy")
     ap.add_argument("--timeout", type=float, default=600.0, help="seconds a user waits at most for its answer")
     ap.add_argument("--max-users", type=int, default=64)
     ap.add_argument("--prompts", type=int, default=4, help="distinct page examples the users cycle through")
