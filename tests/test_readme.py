@@ -386,7 +386,8 @@ def test_load_users_command():
                                                      ["--drafters", "--engine-only", "--max-new-tokens", "--users"],
                                                      ["--drafters", "--engine-only", "--max-new-tokens", "--users"],
                                                      ["--max-new-tokens", "--users"],
-                                                     ["--max-new-tokens", "--tree-users", "--users"]]), cmds
+                                                     ["--max-new-tokens", "--tree-users", "--users"],
+                                                     ["--engine-only", "--max-new-tokens", "--policy", "--users"]]), cmds
     # every flag of the server's commands but one: each user on a prompt of its own
     cmd = next(c for c in cmds if "--distinct" in flags(c))
     beside = next(c for c in cmds if "--beside" in flags(c))
@@ -404,11 +405,12 @@ def test_load_users_command():
     # As a Space: the rounds in processes of their own, one per core.
     assert f"# shared rounds in process{'es' if (os.cpu_count() or 1) > 1 else ''} " in p.stdout, p.stdout
     # The engine alone, each request's drafter forwards on their own (drafting together is on in the server run),
-    # with a process of plain Python work beside it (BENCHMARKS' second command).
+    # with a process of plain Python work beside it (BENCHMARKS' second command), every user on token trees.
     p = ok(run([program(beside), "scripts/load_users.py", "--users", "2", "--max-new-tokens", "8", "--prompts", "2",
-                "--engine-only", "--draft-batching", "off", "--beside", "process", "--beside-share", "0.1"], timeout=280))
+                "--engine-only", "--draft-batching", "off", "--beside", "process", "--beside-share", "0.1",
+                "--policy", "metasd-tree"], timeout=280))
     rows = [line for line in p.stdout.splitlines()
-            if line.startswith("| 2 | engine only, process beside (10% of a core) |")]
+            if line.startswith("| 2 | engine only, metasd-tree, process beside (10% of a core) |")]
     assert len(rows) == 1 and "| 2 of 2 |" in rows[0], p.stdout  # the same answers on the engine alone
     import psutil
 
