@@ -201,15 +201,15 @@ def walk(req, t: TreeRound) -> None:
         t.verdict = verify_sampled(t.logits, t.tree, t.branches, req.s, req.g_target)
 
 
-def keep_path(req, t: TreeRound, hidden: tuple[torch.Tensor, ...] | None) -> None:
+def keep_path(req, t: TreeRound, hidden: Any) -> None:
     """The cache keeps the root and the accepted nodes only; white-box arms get their hidden states."""
     rows = [0] + [n + 1 for n in t.verdict.path]
     keep_rows(req.cache, t.start - 1, rows)
     if hidden is not None:
-        # A pass of its own gives every layer's states (a tuple), a shared pass the layers the readers asked for.
-        items = hidden.items() if isinstance(hidden, dict) else enumerate(hidden)
-        kept = {i: h.index_select(1, torch.tensor(rows, device=h.device)) for i, h in items}
-        kept = kept if isinstance(hidden, dict) else tuple(kept[i] for i in range(len(hidden)))
+        # Only the layers the readers read (req.features), indexed alike in a pass of its own (every layer, a
+        # tuple) and a shared pass (those layers, a dict).
+        idx = torch.tensor(rows, device=req.dev)
+        kept = {i: hidden[i].index_select(1, idx) for i in req.features}
         for d in req.readers:
             d.take_features(t.start - 1, kept, len(rows))
 
