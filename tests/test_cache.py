@@ -171,6 +171,30 @@ def test_verify_cost_keeps_the_probed_shape_and_follows_the_request_in_scale():
     assert c(3) == pytest.approx(44.0, rel=0.01)
 
 
+def test_in_a_shared_pass_a_request_prices_its_ids_by_its_share_of_the_pass():
+    """Alone, the first 6-8 ids cost one step; in a class's pass each id adds its share to everyone's wait. A request
+    in company prices a plan at an equal part of a pass's fixed cost plus what its own ids add, so the chain's
+    length and the tree's size shrink there (the class's tokens per second), and stay the solo ones alone."""
+    from metasd.core.costs import VerifyCost, best_length, profiled, tree_budget
+
+    # One thread of this CPU (AVX-512, the offline model): flat to 8 ids, then ~1.7 ms an id (157.5 ms at 48).
+    profile = ((1, 76.2), (2, 81.4), (6, 82.8), (8, 85.0), (16, 103.5), (32, 129.4), (48, 157.5), (64, 177.7))
+    alone, crowd = VerifyCost(5, profile=profile), VerifyCost(5, profile=profile)
+    crowd.company = (8, 42)  # seven others feeding six ids each
+    assert alone(6) == 82.8 and tree_budget(alone, 5) == 12
+    share = crowd(1)
+    assert share == pytest.approx(76.2 / 8 + profiled(profile, 43) - profiled(profile, 42))
+    assert crowd(6) == pytest.approx(76.2 / 8 + 157.5 - profiled(profile, 42))
+    assert crowd(12) / crowd(6) > 1.3 > 1.15 > alone(12) / alone(6)  # one more id is no longer free
+    assert tree_budget(crowd, 5) == 8  # two ids past a full chain, against six alone
+    assert best_length(0.5, 5, 0.5, crowd)[1] < best_length(0.5, 5, 0.5, alone)[1]
+    # The request waited for the whole pass: the scale reads it against the pass's every id, not its own six.
+    crowd.add(6, 2 * 157.5)
+    assert crowd.scale == pytest.approx(2.0) and crowd(6) == pytest.approx(2 * (76.2 / 8 + 157.5 - profiled(profile, 42)))
+    crowd.company = (1, 0)  # alone again (the driver sets None; one request is the same)
+    assert crowd(6) == pytest.approx(2 * 82.8)
+
+
 def test_probe_measures_every_count_non_decreasing():
     from metasd.decoding.probe import verify_profile
 

@@ -387,7 +387,9 @@ def test_load_users_command():
                                                      ["--drafters", "--engine-only", "--max-new-tokens", "--users"],
                                                      ["--max-new-tokens", "--users"],
                                                      ["--max-new-tokens", "--tree-users", "--users"],
-                                                     ["--engine-only", "--max-new-tokens", "--policy", "--users"]]), cmds
+                                                     ["--engine-only", "--max-new-tokens", "--policy", "--users"],
+                                                     ["--engine-only", "--max-new-tokens", "--policy", "--users"],
+                                                     ["--max-new-tokens", "--users"]]), cmds
     # every flag of the server's commands but one: each user on a prompt of its own
     cmd = next(c for c in cmds if "--distinct" in flags(c))
     beside = next(c for c in cmds if "--beside" in flags(c))

@@ -414,6 +414,33 @@ def test_batched_rounds_give_each_request_its_solo_output_tiny(temperature, poli
     assert rounds.most >= 3 and rounds.share
 
 
+def test_each_request_of_a_shared_pass_prices_its_next_plan_in_that_company(monkeypatch):
+    """The driver tells every request of a shared pass how many shared it and how many ids the others fed
+    (costs.VerifyCost.company), before the request reads the pass's time; a request verified alone is told nothing,
+    and greedy answers stay the solo ones whatever the plans."""
+    from metasd.core.costs import VerifyCost
+
+    seen: list[tuple[tuple[int, int] | None, int]] = []
+    real = VerifyCost.add
+    monkeypatch.setattr(VerifyCost, "add", lambda self, fed, ms: (seen.append((self.company, fed)), real(self, fed, ms)))
+    bundle = tiny_bundle(vocab=64)
+    assert pack_linears(bundle.target) > 0 and row_invariant(bundle.target)
+    g = torch.Generator().manual_seed(11)
+    prompts = [torch.randint(0, 64, (n,), generator=g).tolist() for n in (6, 14, 9)]
+
+    def kw(i: int) -> dict:
+        return {"chat_template": False, "max_new_tokens": 10 + 12 * i, "temperature": 0.0,
+                "policy": ["metasd-ucb-cost", "metasd-tree", "metasd-ucb-cost"][i], "gamma": 3}
+
+    solo = [_emitted(generate(bundle, p, **kw(i))) for i, p in enumerate(prompts)]
+    seen.clear()
+    together, rounds = _together(bundle, prompts, kw, max_batch=3)
+    assert together == solo and rounds.most == 3
+    crowds = [(c, fed) for c, fed in seen if c is not None]
+    assert any(c[0] == 3 for c, _ in crowds) and all(c[0] >= 2 and c[1] >= c[0] - 1 for c, _ in crowds)
+    assert any(c is None for c, _ in seen), "the longest request's last rounds run alone"
+
+
 @pytest.mark.parametrize("temperature", [0.0, 1.0])
 def test_token_tree_rounds_share_the_class_pass_and_keep_their_solo_outputs(temperature, monkeypatch):
     """A token tree's verification is one more part of the class's pass (its nodes at their depths' positions,
@@ -421,13 +448,14 @@ def test_token_tree_rounds_share_the_class_pass_and_keep_their_solo_outputs(temp
     metasd-tree beside chain policies get their solo outputs, and some passes verify several requests' trees.
     A sampled tree's shape reads measured times (the budget, the extras' worth), and so its draws would follow the
     clock: there every awake arm drafts at its full depth and the verification costs stay at their priors."""
-    from metasd.core.costs import VerifyCost
+    from metasd.core.costs import VerifyCost, profiled
     from metasd.serving import batch
     from tests.test_tree import _full_trees
 
     if temperature > 0:
         _full_trees(monkeypatch)
         monkeypatch.setattr(VerifyCost, "add", lambda self, fed, ms: None)
+        monkeypatch.setattr(VerifyCost, "share", lambda self, fed: profiled(self.profile, fed))  # the solo price
 
     bundle = tiny_bundle(vocab=64)
     assert pack_linears(bundle.target) > 0 and row_invariant(bundle.target)

@@ -44,10 +44,15 @@ class VerifyCost:
         self.extra_id = extra_id
         self.profile = tuple(profile)
         self.scale = 0.0  # smoothed measured / profiled, over every pass
+        # (requests, the others' ids) of the shared pass this request's last verification was part of; None: alone.
+        # Set by the class's driver (metasd/serving/batch.py); read with a profile only.
+        self.company: tuple[int, int] | None = None
 
     def add(self, fed: int, ms: float) -> None:
         if self.profile:  # the per-count averages below are read only without one
-            ratio = ms / max(profiled(self.profile, fed), 1e-6)
+            # In company the request waited for the whole pass: profiled at every id the pass fed.
+            whole = fed + self.company[1] if self.company else fed
+            ratio = ms / max(profiled(self.profile, whole), 1e-6)
             self.scale = ratio if not self.scale else 0.8 * self.scale + 0.2 * ratio
             return
         if fed >= len(self.ms):  # a token tree may feed more ids than a chain's gamma + 1
@@ -57,7 +62,7 @@ class VerifyCost:
 
     def __call__(self, fed: int) -> float:
         if self.profile:
-            return (self.scale or 1.0) * profiled(self.profile, fed)
+            return (self.scale or 1.0) * (self.share(fed) if self.company else profiled(self.profile, fed))
         if fed < len(self.ms) and self.ms[fed]:
             return self.ms[fed]
         seen = [(i, m) for i, m in enumerate(self.ms) if m]
@@ -74,6 +79,19 @@ class VerifyCost:
         slope = ((near[1][1] - near[0][1]) / (near[1][0] - near[0][0]) if len(near) == 2
                  else self.extra_id * m0 / max(i0, 1))
         return max(m0 + max(slope, 0.0) * (fed - i0), 1e-3)
+
+
+    def share(self, fed: int) -> float:
+        """A request's share of a pass it shares (unscaled): an equal part of what a pass costs whatever it
+        feeds (one id's) plus what its own ids add to the others'. Alone, the first 6-8 ids cost one step on this CPU;
+        in a class's pass of 48 ids each id adds ~1.8 ms to a 157 ms pass, one ninth of a one-id share among 8
+        (docs/DESIGN.md §7). Priced so, every request's best plan is also the class's: the most tokens per second of
+        the pass, summed over its requests (a plan priced by the solo curve feeds ids the class pays for)."""
+        requests, others = self.company or (1, 0)
+        if requests <= 1:
+            return profiled(self.profile, fed)
+        return (profiled(self.profile, 1) / requests + profiled(self.profile, others + fed)
+                - profiled(self.profile, others))
 
 
 def profiled(profile: Sequence[tuple[int, float]], fed: int) -> float:

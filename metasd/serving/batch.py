@@ -597,6 +597,12 @@ class Rounds:
         each its own pass where rows are not invariant."""
         self.together = len(live) if self.share else 1
         self.passes, self.most = self.passes + 1, max(self.most, self.together)
+        shared = len(live) > 1 and self.share
+        fed = sum(len(m.x.ids) for m in live)
+        for m in live:  # each prices its next plan by its share of a pass like this one (costs.VerifyCost.share)
+            cost = getattr(m.req, "verify_cost", None)
+            if cost is not None:
+                cost.company = (len(live), fed - len(m.x.ids)) if shared else None
         if (len(live) > 1 or self.block) and self.share:
             out = verify_together(self.model, [m.x for m in live], self.block)
             return [(logits, m.x.states) for m, logits in zip(live, out, strict=True)]
