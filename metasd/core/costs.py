@@ -62,7 +62,7 @@ class VerifyCost:
 
     def __call__(self, fed: int) -> float:
         if self.profile:
-            return (self.scale or 1.0) * (self.share(fed) if self.company else profiled(self.profile, fed))
+            return (self.scale or 1.0) * self.share(fed)
         if fed < len(self.ms) and self.ms[fed]:
             return self.ms[fed]
         seen = [(i, m) for i, m in enumerate(self.ms) if m]
@@ -80,13 +80,13 @@ class VerifyCost:
                  else self.extra_id * m0 / max(i0, 1))
         return max(m0 + max(slope, 0.0) * (fed - i0), 1e-3)
 
-
     def share(self, fed: int) -> float:
-        """A request's share of a pass it shares (unscaled): an equal part of what a pass costs whatever it
-        feeds (one id's) plus what its own ids add to the others'. Alone, the first 6-8 ids cost one step on this CPU;
-        in a class's pass of 48 ids each id adds ~1.8 ms to a 157 ms pass, one ninth of a one-id share among 8
-        (docs/DESIGN.md §7). Priced so, every request's best plan is also the class's: the most tokens per second of
-        the pass, summed over its requests (a plan priced by the solo curve feeds ids the class pays for)."""
+        """A request's part of its pass (unscaled): alone, the probed profile's; in company, an equal part of what a
+        pass costs whatever it feeds (one id's) plus what its own ids add to the others'. Alone the first 6-8 ids cost
+        one step on this CPU; in a class's pass of 48 ids each id adds ~1.8 ms to a 157 ms pass, one ninth of a one-id
+        share among 8 (docs/DESIGN.md §7). Priced so, every request's best plan is also the class's: the most tokens
+        per second of the pass, summed over its requests (a plan priced by the solo curve feeds ids the class pays
+        for)."""
         requests, others = self.company or (1, 0)
         if requests <= 1:
             return profiled(self.profile, fed)

@@ -603,7 +603,7 @@ class Rounds:
             cost = getattr(m.req, "verify_cost", None)
             if cost is not None:
                 cost.company = (len(live), fed - len(m.x.ids)) if shared else None
-        if (len(live) > 1 or self.block) and self.share:
+        if shared or (self.block and self.share):
             out = verify_together(self.model, [m.x for m in live], self.block)
             return [(logits, m.x.states) for m, logits in zip(live, out, strict=True)]
         return [m.req.pass_alone(m.x) for m in live]
