@@ -20,7 +20,7 @@ from metasd.benchmark.args import add_bench_args, add_priors_args
 from metasd.core import defaults
 from metasd.core.events import Summary
 from metasd.core.runfile import MAX_BYTES, parse_run, run_document
-from metasd.core.validation import InvalidInput, clean_prompt, validate_settings
+from metasd.core.validation import PRICES, InvalidInput, clean_prompt, validate_settings
 from metasd.drafting.registry import load_plugins, registered
 from metasd.models.colors import drafter_colors
 from metasd.models.presets import DEFAULT_PRESET, PRESETS, get_preset
@@ -54,6 +54,9 @@ def _generate_args(sub: argparse._SubParsersAction) -> None:
     g.add_argument("--full-info", action="store_true", help="score every drafter on every verified chunk")
     g.add_argument("--cold", action="store_true",
                    help="start the bandit cold (the paper's setting), not from the preset's informed priors")
+    g.add_argument("--prices", default=defaults.PRICES, choices=PRICES,
+                   help="what the cost-aware plans read: auto (fixed when sampling, so a seed repeats; measured when "
+                   "greedy), measured (the clock) or fixed (costs.json's stored prices) (default: %(default)s)")
     g.add_argument("--no-chat-template", action="store_true", help="feed the prompt as plain text")
     g.add_argument("--device", default=None, help="override the preset's device (cpu, cuda, ...)")
     g.add_argument("--dtype", default=None, help="override the preset's dtype (float32, bfloat16, float16)")
@@ -93,7 +96,7 @@ def cmd_generate(a: argparse.Namespace) -> int:
         bundle, a.prompt, drafters=a.drafters, policy=a.policy, reward=a.reward,
         gamma=None if a.gamma is None else a.gamma, max_new_tokens=a.max_new_tokens,
         temperature=a.temperature, top_p=a.top_p, top_k=a.top_k, seed=a.seed,
-        chat_template=not a.no_chat_template, full_info=a.full_info, priors=not a.cold,
+        chat_template=not a.no_chat_template, full_info=a.full_info, priors=not a.cold, prices=a.prices,
     )
     colours = {n: _terminal(c) for n, c in drafter_colors(bundle.drafter_names).items()}
     tty = sys.stdout.isatty() and not a.json

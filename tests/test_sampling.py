@@ -7,6 +7,8 @@ so every test compares counts against exact probabilities, not against another s
 from __future__ import annotations
 
 import itertools
+import random
+import time
 
 import numpy as np
 import pytest
@@ -179,3 +181,50 @@ def test_a_seeded_sampled_run_repeats_under_policies_that_read_no_clock(policy):
     first = text(7)
     assert text(7) == first and text(7) == first
     assert any(text(s) != first for s in (8, 9)), "the seed does not reach the draws"
+
+
+@pytest.mark.parametrize("policy,reward", [("metasd-ucb-cost", "bd"), ("metasd-tree", "bd"), ("metasd-ucb", "throughput")])
+def test_a_seeded_sampled_run_repeats_under_policies_that_price_their_plans(policy, reward, monkeypatch):
+    """docs/DESIGN.md §3: a sampled run plans with fixed prices (costs.Prices), so its seed repeats it even where the
+    policy weighs milliseconds; the clock here jumps by a random amount at every reading, and with the clock's prices
+    (`prices="measured"`) the same seed then gives other text, which is what this test would see without them."""
+    jitter = random.Random(0)
+    now = [0.0]
+
+    def clock() -> float:
+        now[0] += jitter.choice((0.0005, 0.002, 0.01, 0.5))  # now and then a reading a long pause away
+        return now[0]
+
+    monkeypatch.setattr(time, "perf_counter", clock)
+    bundle = tiny_bundle(vocab=32, seed=5, noise=0.5)
+    prompt = [1, 2, 3, 1, 2, 3, 1, 2]
+
+    def text(seed: int, prices: str = "auto") -> tuple[int, ...]:
+        _, s = run(bundle, prompt, policy=policy, reward=reward, temperature=1.0, max_new_tokens=64, seed=seed,
+                   chat_template=False, prices=prices)
+        assert s.config["prices_from"] == ("measured" if prices == "measured" else "nominal")
+        return s.token_ids
+
+    first = text(7)
+    assert text(7) == first and text(7) == first
+    assert any(text(s) != first for s in (8, 9)), "the seed does not reach the draws"
+    assert len({text(7, "measured") for _ in range(6)}) > 1, "the clock does not reach the plans: nothing to fix"
+
+
+def test_greedy_runs_plan_with_the_clock_and_fixed_prices_come_from_costs_json(monkeypatch):
+    """`auto` fixes the prices only when sampling (a greedy run's text is the target's whatever the plan); `fixed`
+    reads the preset's stored record (verify_ms, drafter_ms) where `drafters --measure --save` wrote one."""
+    from metasd.decoding import engine
+
+    bundle = tiny_bundle(vocab=32, seed=5, noise=0.5)
+    prompt = [1, 2, 3, 1, 2, 3, 1, 2]
+    _, s = run(bundle, prompt, temperature=0.0, max_new_tokens=8, chat_template=False)
+    assert s.config["prices"] == "auto" and s.config["prices_from"] == "measured"
+    stored = {"verify_ms": [[1, 10.0], [4, 10.0], [8, 30.0]], "drafter_ms": {"tiny-lm": 2.5}}
+    monkeypatch.setattr(engine, "cost_entry", lambda preset: stored)
+    req = engine.prepare(bundle, prompt, temperature=0.0, max_new_tokens=8, chat_template=False, prices="fixed")
+    req.start()
+    assert req.prices.source == "stored" and req.verify_cost(6) == pytest.approx(20.0)
+    assert req.price(req.names.index("tiny-lm")) == 2.5
+    i = next(i for i, d in enumerate(req.arms) if d.model_free)  # no stored figure: its family's share of a pass
+    assert req.price(i) == pytest.approx(0.01 * 10.0)

@@ -7,7 +7,12 @@ packed linear layers of metasd/models/cpu_linear.py, ~15% with torch's default k
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+import json
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from metasd.paths import COSTS_FILE
 
 # Cost of one more verified id relative to a one-id step, used until two counts are measured.
 # This CPU measures ~4% with the target's linear layers packed for oneDNN and ~15% with torch's
@@ -47,6 +52,9 @@ class VerifyCost:
         # (requests, the others' ids) of the shared pass this request's last verification was part of; None: alone.
         # Set by the class's driver (metasd/serving/batch.py); read with a profile only.
         self.company: tuple[int, int] | None = None
+        # Fixed prices (a sampled run, `Prices` below): plans read the stored profile alone, never the clock or the
+        # company, so that a seed repeats; `measured` still follows the passes, for what the books report.
+        self.fixed = False
 
     def add(self, fed: int, ms: float) -> None:
         if self.profile:  # the per-count averages below are read only without one
@@ -61,6 +69,8 @@ class VerifyCost:
         self.ms[fed] = ms if old == 0 else 0.8 * old + 0.2 * ms
 
     def __call__(self, fed: int) -> float:
+        if self.fixed:
+            return profiled(self.profile, fed)
         if self.profile:
             return (self.scale or 1.0) * self.share(fed)
         if fed < len(self.ms) and self.ms[fed]:
@@ -80,6 +90,12 @@ class VerifyCost:
                  else self.extra_id * m0 / max(i0, 1))
         return max(m0 + max(slope, 0.0) * (fed - i0), 1e-3)
 
+    def measured(self, fed: int) -> float:
+        """What `fed` ids cost as measured (ms), whether or not plans read it: the books' yardstick."""
+        if self.fixed:
+            return (self.scale or 1.0) * self.share(fed)
+        return self(fed)
+
     def share(self, fed: int) -> float:
         """A request's part of its pass (unscaled): alone, the probed profile's; in company, an equal part of what a
         pass costs whatever it feeds (one id's) plus what its own ids add to the others'. Alone the first 6-8 ids cost
@@ -92,6 +108,54 @@ class VerifyCost:
             return profiled(self.profile, fed)
         return (profiled(self.profile, 1) / requests + profiled(self.profile, others + fed)
                 - profiled(self.profile, others))
+
+
+# Fixed prices where a preset has none stored: one target step of NOMINAL_STEP_MS, each verified id past the first
+# `extra_id` of a step more (none on a GPU), and each drafted token a share of a step by the drafter's family.
+NOMINAL_STEP_MS = 40.0
+NOMINAL_C = {"model-free": 0.01, "self": 0.5, "model": 0.2, "distilled": 0.1, "white-box": 0.1}
+NOMINAL_IDS = (1, 2, 4, 8, 16, 32, 64)
+
+
+@dataclass(frozen=True)
+class Prices:
+    """What a sampled run's plans read instead of the clock: a verification profile (ids fed, ms) and each drafter's
+    ms per drafted token, fixed before the run starts. Under sampling the emitted text depends on which drafts were
+    verified, so plans priced from measured milliseconds (the cost-aware bandit, the token tree, the throughput
+    reward) made a seed give other text on every run; priced so, it repeats (docs/DESIGN.md §1). `source` says
+    where they came from: "stored" (assets/drafters/costs.json, `drafters --measure --save`) or "nominal"."""
+
+    verify: tuple[tuple[int, float], ...]
+    drafter_ms: Mapping[str, float] = field(default_factory=dict)
+    source: str = "nominal"
+
+    def drafter(self, name: str, family: str) -> float:
+        """ms per drafted token: the stored figure, else the family's nominal share of the profile's one-id pass."""
+        got = self.drafter_ms.get(name)
+        if got is not None:
+            return float(got)
+        return NOMINAL_C.get(family, NOMINAL_C["model"]) * profiled(self.verify, 1)
+
+
+def cost_entry(preset: str) -> dict[str, Any]:
+    """A preset's record in assets/drafters/costs.json (c, drafter_ms, target_step_ms, verify_ms, how it was measured):
+    {} where it has none. Read per sampled request, so that a `drafters --measure --save` is seen without a restart."""
+    if not COSTS_FILE.exists():
+        return {}
+    return json.loads(COSTS_FILE.read_text(encoding="utf-8")).get(preset, {})
+
+
+def fixed_prices(stored: Mapping | None, extra_id: float) -> Prices:
+    """A preset's fixed prices: its stored profile and drafter costs where `drafters --measure --save` recorded them
+    (`stored`: its entry of costs.json), else a nominal line (`extra_id` of a step per id past the first)."""
+    profile = tuple((int(n), float(ms)) for n, ms in (stored or {}).get("verify_ms", ()))
+    if profile:
+        return Prices(profile, dict(stored.get("drafter_ms", {})), "stored")
+    # A stored step keeps stored drafter costs in proportion; without one, nominal all through.
+    step = float((stored or {}).get("target_step_ms", 0.0)) or NOMINAL_STEP_MS
+    line = tuple((n, step * (1.0 + extra_id * (n - 1))) for n in NOMINAL_IDS)
+    drafter_ms = dict(stored.get("drafter_ms", {})) if stored and "target_step_ms" in stored else {}
+    return Prices(line, drafter_ms, "nominal")
 
 
 def profiled(profile: Sequence[tuple[int, float]], fed: int) -> float:

@@ -23,6 +23,9 @@ COLD = False  # start from the preset's informed priors
 # Per-arm draft-length caps after a miss: off, since a cap set by the last round's miss cut drafts the target
 # would have kept (2-12% more calls on Spec-Bench) while a pass over 1-6 ids costs about one step on the CPU.
 ADAPTIVE = False
+# What the plans of the cost-aware policies read: "auto" fixed prices when sampling (a seed then repeats under every
+# policy) and the clock when greedy (the output is the target's either way), "measured" or "fixed" always.
+PRICES = "auto"
 
 
 def describe() -> str:

@@ -21,6 +21,7 @@ from metasd.core import defaults
 T = TypeVar("T")
 
 REWARDS = ("bd", "be", "throughput")
+PRICES = ("auto", "measured", "fixed")  # defaults.PRICES says what each means
 MAX_PROMPT_CHARS = 32_000
 PROMPT_SET_MAX_BYTES = 1_000_000  # an uploaded Spec-Bench JSONL (the real one is ~150 KB)
 PROMPT_SET_MAX_LINES = 5_000
@@ -111,6 +112,9 @@ class Settings:
     # Start the bandit from the preset's informed priors (metasd/bandits/priors.py) where it has them; False is
     # the paper's setting, every arm unknown.
     priors: bool = True
+    # Where the plans' milliseconds come from (defaults.PRICES): how fast the output comes, and whether a sampled
+    # run's seed repeats it; never what distribution it has.
+    prices: str = defaults.PRICES
 
 
 def number(name: str, value: Any, integer: bool, limits: tuple[float, float] | None = None) -> float | int:
@@ -164,32 +168,38 @@ def _has_surrogates(s: str) -> bool:
         return True
 
 
+def arm_names(available: list[str], drafters: Any, policy: Any, default: list[str] | None) -> list[str]:
+    """The drafters asked for (a list or a comma-separated string), each one `available`; none named: `default` (else
+    every available one) with the drafter a single:<drafter> policy names."""
+    if drafters is None or drafters == "" or drafters == []:
+        names = list(default or available)
+        arm = single_drafter(policy)
+        if arm is not None and arm in available and arm not in names:
+            names.append(arm)
+        return names
+    if isinstance(drafters, str):
+        drafters = [d.strip() for d in drafters.split(",") if d.strip()]
+    if not isinstance(drafters, list | tuple) or not all(isinstance(d, str) for d in drafters):
+        raise InvalidInput("drafters must be a list of drafter names")
+    unknown = [d for d in drafters if d not in available]
+    if unknown:
+        raise InvalidInput(f"unknown drafter(s) {', '.join(map(repr, unknown))}; this preset has {', '.join(available)}")
+    return list(dict.fromkeys(drafters))
+
+
 def validate_settings(available: list[str], drafters: Any = None, policy: Any = defaults.POLICY, reward: Any = defaults.REWARD,
                       gamma: Any = 4, max_new_tokens: Any = defaults.MAX_NEW_TOKENS, temperature: Any = defaults.TEMPERATURE,
                       top_p: Any = defaults.TOP_P, top_k: Any = defaults.TOP_K, seed: Any = defaults.SEED,
                       chat_template: Any = True, full_info: Any = defaults.FULL_INFO, free_feedback: Any = True,
                       adaptive: Any = defaults.ADAPTIVE, sleeping: Any = True, priors: Any = not defaults.COLD,
-                      max_new_tokens_limit: int | None = None, default: list[str] | None = None) -> Settings:
+                      prices: Any = defaults.PRICES, max_new_tokens_limit: int | None = None,
+                      default: list[str] | None = None) -> Settings:
     """Check every generation setting against `available` drafters and the limits above.
 
     With no drafters named, the arms are `default` (else all available), plus the one a
     single:<drafter> policy names.
     """
-    if drafters is None or drafters == "" or drafters == []:
-        names = list(default or available)
-        arm = single_drafter(policy)
-        if arm is not None:
-            if arm in available and arm not in names:
-                names.append(arm)
-    else:
-        if isinstance(drafters, str):
-            drafters = [d.strip() for d in drafters.split(",") if d.strip()]
-        if not isinstance(drafters, list | tuple) or not all(isinstance(d, str) for d in drafters):
-            raise InvalidInput("drafters must be a list of drafter names")
-        unknown = [d for d in drafters if d not in available]
-        if unknown:
-            raise InvalidInput(f"unknown drafter(s) {', '.join(map(repr, unknown))}; this preset has {', '.join(available)}")
-        names = list(dict.fromkeys(drafters))
+    names = arm_names(available, drafters, policy, default)
     if not names:
         raise InvalidInput("choose at least one drafter")
     if not isinstance(policy, str):
@@ -203,6 +213,8 @@ def validate_settings(available: list[str], drafters: Any = None, policy: Any = 
         raise InvalidInput(f"unknown policy {policy!r}; choose one of {', '.join(POLICIES)} or single:<drafter>")
     if reward not in REWARDS:
         raise InvalidInput(f"unknown reward {reward!r}; choose one of {', '.join(REWARDS)}")
+    if prices not in PRICES:
+        raise InvalidInput(f"unknown prices {prices!r}; choose one of {', '.join(PRICES)}")
     # A caller's own cap (the app's) is the range the user is told about.
     top = LIMITS["max_new_tokens"][1] if max_new_tokens_limit is None else min(max_new_tokens_limit, LIMITS["max_new_tokens"][1])
     mnt = number("max_new_tokens", max_new_tokens, True, (1, top))
@@ -223,6 +235,7 @@ def validate_settings(available: list[str], drafters: Any = None, policy: Any = 
         adaptive=bool(adaptive),
         sleeping=bool(sleeping),
         priors=bool(priors),
+        prices=prices,
     )
 
 

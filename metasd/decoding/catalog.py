@@ -16,6 +16,7 @@ from typing import Any
 
 import torch
 
+from metasd.core.costs import cost_entry
 from metasd.drafting.files import drafter_path, parameter_count
 from metasd.drafting.registry import kind_by_name, kind_of  # noqa: F401 (kind_by_name: the family a name reports)
 from metasd.models.presets import DrafterSpec, Preset
@@ -60,10 +61,7 @@ def describe(preset: Preset, costs: dict[str, Any] | None = None) -> list[dict[s
 
 
 def load_costs(preset: str) -> dict[str, float]:
-    if not COSTS_FILE.exists():
-        return {}
-    data = json.loads(COSTS_FILE.read_text(encoding="utf-8"))
-    return {k: float(v) for k, v in data.get(preset, {}).get("c", {}).items()}
+    return {k: float(v) for k, v in cost_entry(preset).get("c", {}).items()}
 
 
 def save_costs(preset: str, c: dict[str, float], detail: dict[str, Any]) -> None:
@@ -95,6 +93,7 @@ def measure_costs(bundle, names: list[str], max_new_tokens: int = 48, progress=p
     """c per drafter: its drafting time per drafted token, alone in the engine on COST_PROMPTS, over the
     target's one-token step; the target is timed between drafters so that machine load hits both alike."""
     from metasd.decoding.engine import run
+    from metasd.decoding.probe import verify_profile
 
     c: dict[str, float] = {}
     ms: dict[str, float] = {}
@@ -112,7 +111,12 @@ def measure_costs(bundle, names: list[str], max_new_tokens: int = 48, progress=p
         step = statistics.median(steps)
         c[name] = ms[name] / step if drafted else float("nan")
         progress(f"[metasd] {name}: {ms[name]:.2f} ms per drafted token, c = {c[name]:.3f}")
+    # The target's pass by ids fed, probed as every request probes it (metasd/decoding/probe.py): with the drafter
+    # costs, the fixed prices a sampled run plans with.
+    profile = verify_profile(bundle.target)
+    progress("[metasd] verification: " + ", ".join(f"{n} ids {m:.1f} ms" for n, m in profile))
     detail = {"target_step_ms": round(statistics.median(steps), 2), "drafter_ms": {k: round(v, 3) for k, v in ms.items()},
+              "verify_ms": [[n, round(m, 2)] for n, m in profile],
               "method": f"each drafter alone in the engine on {len(prompts)} prompts, {max_new_tokens} tokens; "
                         "target: median one-token step at 200 tokens of context", "threads": torch.get_num_threads()}
     return {k: v for k, v in c.items() if math.isfinite(v)}, detail

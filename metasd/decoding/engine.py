@@ -22,7 +22,17 @@ from transformers import DynamicCache
 
 from metasd.bandits.policies import Choice, make_policy
 from metasd.bandits.priors import Priors, load_priors
-from metasd.core.costs import EXTRA_ID_PRIOR, EXTRA_ID_PRIOR_PACKED, VerifyCost, best_length, expected_accepted, reward
+from metasd.core.costs import (
+    EXTRA_ID_PRIOR,
+    EXTRA_ID_PRIOR_PACKED,
+    Prices,
+    VerifyCost,
+    best_length,
+    cost_entry,
+    expected_accepted,
+    fixed_prices,
+    reward,
+)
 from metasd.core.events import Event, RoundEvent, Summary
 from metasd.core.kvcache import new_cache
 from metasd.core.passes import DraftPart, HeadPart, VerifyPart, crop_to, forward_alone, head_alone
@@ -34,6 +44,7 @@ from metasd.decoding.loading import Bundle
 from metasd.decoding.prefix import PrefixStore
 from metasd.decoding.prompts import encode_prompt, scaffold_positions
 from metasd.drafting.drafters import Draft, Drafter, Verified
+from metasd.drafting.registry import kind_by_name
 from metasd.models.cpu_linear import is_packed
 
 StopSignal = threading.Event | Callable[[], bool] | None
@@ -142,6 +153,9 @@ class Request:
         self.features = tuple(sorted({i for d in self.readers for i in d.feature_layers}))  # what a shared pass keeps
         # The throughput reward's and the plan's yardstick.
         self.verify_cost = VerifyCost(st.gamma, EXTRA_ID_PRIOR_PACKED if is_packed(bundle.target) else EXTRA_ID_PRIOR)
+        # Fixed prices (costs.Prices): set at start for a sampled run (defaults.PRICES), None while plans read the clock.
+        self.prices: Prices | None = None
+        self.fixed_ms: list[float] = []  # per arm, with fixed prices
         # Rounds the request will take if each emits ~2 tokens: sequential halving's horizon.
         self.policy = make_policy(st.policy, self.names, seed=st.seed, horizon=max(8, st.max_new_tokens // 2),
                                   plan=self.plan)
@@ -182,11 +196,28 @@ class Request:
     def start(self) -> None:
         """The prompt's prefill. Deferred from the constructor so that it runs in the thread that consumes
         the events (the page's engine worker, with its torch threads), not in the one that validated."""
-        # The pass's cost by ids fed, probed once per model (before the clock: not this request's time).
-        self.verify_cost.profile = self.bundle.verify_profile()
+        if self.st.prices == "fixed" or self.st.prices == "auto" and not self.s.greedy:
+            self.fix_prices()
+        else:  # the pass's cost by ids fed, probed once per model (before the clock: not this request's time)
+            self.verify_cost.profile = self.bundle.verify_profile()
         t = time.perf_counter()
         self.prefill(list(self.ids))  # a copy: drafters may keep it, self.ids grows
         self.clock.prefill_s = time.perf_counter() - t
+
+    def fix_prices(self) -> None:
+        """Plans read the preset's stored prices (or nominal ones), never the clock: a sampled run's seed repeats."""
+        flat = self.dev.type == "cuda"  # a GPU verifies a few more ids for about nothing: a flat nominal line
+        self.prices = fixed_prices(cost_entry(self.bundle.preset.name), 0.0 if flat else self.verify_cost.extra_id)
+        self.verify_cost.profile, self.verify_cost.fixed = self.prices.verify, True
+        self.fixed_ms = [self.prices.drafter(n, kind_by_name(n) or "model") for n in self.names]
+
+    def price(self, i: int) -> float:
+        """Arm i's ms per drafted token as plans read it: fixed, or as measured so far."""
+        return self.arms[i].ms_per_token if self.prices is None else self.fixed_ms[i]
+
+    def drafted_ms(self, i: int, tokens: int, seconds: float) -> float:
+        """What drafting `tokens` ids cost arm i as rewards read it: fixed, or the `seconds` it took."""
+        return self.price(i) * tokens if self.prices is not None else 1000 * seconds
 
     def start_from_priors(self) -> Priors | None:
         """Seed the policy with the preset's informed priors for this reward. None when there are none to
@@ -247,7 +278,7 @@ class Request:
         """The cost model the cost-aware policy reads: expected tokens per ms of a round with arm i if
         each drafted position passes with probability alpha, and the best draft length (0: a plain step)."""
         kmax = min(self.length(i), len(self.pre[i].tokens)) if i in self.pre else self.length(i)
-        return best_length(self.acceptance(i, alpha), kmax, self.arms[i].ms_per_token, self.verify_cost)
+        return best_length(self.acceptance(i, alpha), kmax, self.price(i), self.verify_cost)
 
     def acceptance(self, i: int, alpha: float) -> float:
         """Arm i's per-position acceptance for the plan: passed / (passed + stopped) over its drafts so far, with
@@ -338,7 +369,7 @@ class Request:
             self.caps[r.arm] = max(1, v.accepted + 1)
         # Block efficiency is the realised accepted share; the others use the per-position betas.
         r.reward = (v.accepted / max(r.k, 1) if self.st.reward == "be"
-                    else self._reward(v.beta, r.k, 1000 * clock["draft"], len(r.inputs)))
+                    else self._reward(v.beta, r.k, self.drafted_ms(r.arm, len(r.tokens), clock["draft"]), len(r.inputs)))
 
     def _reward(self, g: list[float], k: int, drafted_ms: float, fed: int) -> float:
         return reward(self.st.reward, g, k, self.st.gamma, drafted_ms, fed, self.verify_cost)
@@ -364,7 +395,7 @@ class Request:
             g = (r.verdict.beta + [0.0] * m)[:m] if i == r.arm else self._teacher_forced(i, r, m, p_rows)
             r.scores[i] = g
             # Had it drafted, it would have proposed up to gamma ids: charge that verification.
-            r.rewards[i] = self._reward(g, m, self.arms[i].ms_per_token * self.st.gamma, self.st.gamma + 1)
+            r.rewards[i] = self._reward(g, m, self.price(i) * self.st.gamma, self.st.gamma + 1)
             if i != r.arm:  # had it drafted: its run over the chunk (all m passing says nothing of a rejection)
                 self._count(i, g)
             tokens_i = 1 + expected_accepted(g)

@@ -194,6 +194,7 @@ class EventBuilder:
             # The settings as run, plus the older names of two of them and what sleeping came to.
             config={"preset": req.bundle.preset.name, **asdict(st), "drafters": list(st.drafters),
                     "adaptive_gamma": st.adaptive, "sleeping_arms": req.sleeping,
-                    "priors_weight": req.priors.weight if req.priors else 0.0},
+                    "priors_weight": req.priors.weight if req.priors else 0.0,
+                    "prices_from": req.prices.source if req.prices is not None else "measured"},
             ids_verified=led.ids_fed,
         )

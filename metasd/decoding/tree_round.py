@@ -66,7 +66,7 @@ def plan_tree(req, awake: list[bool] | None) -> TreeRound:
     k = len(req.arms)
     kmax = [min(req.length(i), len(req.pre[i].tokens)) if i in req.pre else req.length(i) for i in range(k)]
     budget = min(tree_budget(req.verify_cost, req.st.gamma), 1 + sum(kmax))
-    ms = [d.ms_per_token for d in req.arms]
+    ms = [req.price(i) for i in range(k)]
     choice = req.policy.decide_tree(awake, kmax, ms, req.verify_cost, max(budget, 1))
     return TreeRound(choice.depths or tuple([0] * k), budget, choice.probabilities, lead=choice.arm)
 
@@ -247,8 +247,8 @@ def score_tree(req, t: TreeRound) -> None:
     t.rewards = [None] * len(req.arms)
     for b in own_branches(t):
         g, k = t.g[b.arm], len(b.tokens)
-        t.rewards[b.arm] = reward(req.st.reward, g, k, req.st.gamma, t.draft_ms.get(b.arm, 0.0), k + 1,
-                                  req.verify_cost)
+        drafted = req.drafted_ms(b.arm, k, t.draft_ms.get(b.arm, 0.0) / 1000)
+        t.rewards[b.arm] = reward(req.st.reward, g, k, req.st.gamma, drafted, k + 1, req.verify_cost)
         req.ledger.arms[req.names[b.arm]].scored_tokens += 1 + expected_accepted(g)
     req.policy.update(t.lead, t.rewards)
     req.policy.observe_tree(t.g)
@@ -339,7 +339,7 @@ def emit_tree(req, t: TreeRound, clock):
     overhead = clock["pick"] + clock["walk"] + clock["accept"] + clock["score"] + clock["learn"] + clock["emit"]
     req.clock.charge(drafted, clock["verify"], overhead)
     names, led = req.names, req.ledger
-    ideal = sum(t.draft_ms.get(i, 0.0) for i in ([t.lead] if b else [])) + req.verify_cost(1 + len(draft))
+    ideal = sum(t.draft_ms.get(i, 0.0) for i in ([t.lead] if b else [])) + req.verify_cost.measured(1 + len(draft))
     spent = sum(t.draft_ms.values()) + t.extra_ms + 1000 * clock["verify"]
     led.regret_tree_ms += max(spent - ideal, 0.0)
     return RoundEvent(
