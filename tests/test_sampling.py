@@ -16,6 +16,7 @@ import torch
 from scipy.stats import chisquare
 
 from metasd import run
+from metasd.core.costs import fixed_prices
 from metasd.core.sampling import Sampling, verify, warp
 from metasd.drafting.drafters import fit_vocab
 from tests.tiny import tiny_bundle
@@ -228,3 +229,18 @@ def test_greedy_runs_plan_with_the_clock_and_fixed_prices_come_from_costs_json(m
     assert req.price(req.names.index("tiny-lm")) == 2.5
     i = next(i for i, d in enumerate(req.arms) if d.model_free)  # no stored figure: its family's share of a pass
     assert req.price(i) == pytest.approx(0.01 * 10.0)
+    # Prices stored on another kind of device are not this one's: a nominal line instead.
+    assert fixed_prices({**stored, "device": "cuda"}, 0.04, "cpu").source == "nominal"
+    assert fixed_prices({**stored, "device": "cuda"}, 0.04, "cuda").source == "stored"
+
+
+def test_a_costs_file_that_does_not_parse_leaves_nominal_prices(tmp_path, monkeypatch):
+    """A half-written or hand-broken assets/drafters/costs.json costs a sampled run its stored prices, not its answer."""
+    from metasd.core import costs
+
+    broken = tmp_path / "costs.json"
+    for text in ('{"offline": {"verify_ms": [[1, 5', "[1, 2]", '{"offline": 3}'):
+        broken.write_text(text, encoding="utf-8")
+        monkeypatch.setattr(costs, "COSTS_FILE", broken)
+        assert costs.cost_entry("offline") == {}
+    assert fixed_prices(costs.cost_entry("offline"), 0.04).source == "nominal"

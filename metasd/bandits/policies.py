@@ -169,9 +169,9 @@ class CostAwareUCB(MetaSDUCB):
     The UCB index of an arm, min(1, mean + beta * sqrt(2 ln t / n)), is read as an optimistic
     per-position acceptance rate alpha (its reward is bd or be, both estimates of alpha). The
     engine's `plan` turns alpha into expected tokens per millisecond with that drafter's measured
-    cost per drafted token and the measured verification cost on this hardware (docs/DESIGN.md §1,
-    formula 4 without assuming verification is free), maximised over the draft length 0..k. The arm with
-    the fastest optimistic round is pulled, with its best draft length; length 0 is a plain target
+    cost per drafted token and the measured verification cost on this hardware (fixed prices in a sampled run, so
+    that its seed repeats; docs/DESIGN.md §1, formula 4 without assuming verification is free), maximised over the
+    draft length 0..k. The arm with the fastest optimistic round is pulled, with its best draft length; length 0 is a plain target
     step, chosen when no drafter is even optimistically worth its cost (the arm then learns nothing
     that round and its bonus grows, so it is tried again later). Without a plan it is MetaSD-UCB.
     """
@@ -186,7 +186,7 @@ class CostAwareUCB(MetaSDUCB):
     def __init__(self, k: int, seed: int = 0, beta: float | None = None, plan: Plan | None = None) -> None:
         beta = self.default_beta if beta is None else beta
         super().__init__(k, seed, beta)
-        self.plan = plan  # the engine's cost model of a round (live: it reads measured costs)
+        self.plan = plan  # the engine's cost model of a round (live: measured costs, fixed ones when sampling)
         self.length: int | None = None  # the draft length chosen with the last arm (None: no plan)
 
     def decide(self, awake: Awake = None) -> Choice:

@@ -138,16 +138,22 @@ class Prices:
 
 
 def cost_entry(preset: str) -> dict[str, Any]:
-    """A preset's record in assets/drafters/costs.json (c, drafter_ms, target_step_ms, verify_ms, how it was measured):
-    {} where it has none. Read per sampled request, so that a `drafters --measure --save` is seen without a restart."""
-    if not COSTS_FILE.exists():
+    """A preset's record in assets/drafters/costs.json (c, drafter_ms, target_step_ms, verify_ms, device, how it was
+    measured): {} where it has none or the file does not parse. Read per sampled request, so that a `drafters --measure
+    --save` is seen without a restart (it replaces the file whole: a reader never sees half of it)."""
+    try:
+        entry = json.loads(COSTS_FILE.read_text(encoding="utf-8")).get(preset, {})
+    except (OSError, ValueError, AttributeError):
         return {}
-    return json.loads(COSTS_FILE.read_text(encoding="utf-8")).get(preset, {})
+    return entry if isinstance(entry, dict) else {}
 
 
-def fixed_prices(stored: Mapping | None, extra_id: float) -> Prices:
-    """A preset's fixed prices: its stored profile and drafter costs where `drafters --measure --save` recorded them
-    (`stored`: its entry of costs.json), else a nominal line (`extra_id` of a step per id past the first)."""
+def fixed_prices(stored: Mapping | None, extra_id: float, device: str = "cpu") -> Prices:
+    """A preset's fixed prices: its stored profile and drafter costs where `drafters --measure --save` recorded them on
+    this kind of `device` (`stored`: its entry of costs.json; a CPU's prices would starve a GPU's trees), else a
+    nominal line (`extra_id` of a step per id past the first)."""
+    if stored and stored.get("device", "cpu") != device:
+        stored = None
     profile = tuple((int(n), float(ms)) for n, ms in (stored or {}).get("verify_ms", ()))
     if profile:
         return Prices(profile, dict(stored.get("drafter_ms", {})), "stored")

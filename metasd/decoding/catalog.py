@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import statistics
 import time
 from pathlib import Path
@@ -67,7 +68,9 @@ def load_costs(preset: str) -> dict[str, float]:
 def save_costs(preset: str, c: dict[str, float], detail: dict[str, Any]) -> None:
     data = json.loads(COSTS_FILE.read_text(encoding="utf-8")) if COSTS_FILE.exists() else {}
     data[preset] = {"c": {k: round(v, 4) for k, v in c.items()}, **detail}
-    COSTS_FILE.write_text(json.dumps(data, indent=1, sort_keys=True) + "\n", encoding="utf-8")
+    tmp = COSTS_FILE.with_suffix(f".{os.getpid()}.tmp")  # replaced whole: sampled requests read it as they start
+    tmp.write_text(json.dumps(data, indent=1, sort_keys=True) + "\n", encoding="utf-8")
+    os.replace(tmp, COSTS_FILE)
 
 
 @torch.inference_mode()
@@ -116,7 +119,7 @@ def measure_costs(bundle, names: list[str], max_new_tokens: int = 48, progress=p
     profile = verify_profile(bundle.target)
     progress("[metasd] verification: " + ", ".join(f"{n} ids {m:.1f} ms" for n, m in profile))
     detail = {"target_step_ms": round(statistics.median(steps), 2), "drafter_ms": {k: round(v, 3) for k, v in ms.items()},
-              "verify_ms": [[n, round(m, 2)] for n, m in profile],
+              "verify_ms": [[n, round(m, 2)] for n, m in profile], "device": bundle.device.type,
               "method": f"each drafter alone in the engine on {len(prompts)} prompts, {max_new_tokens} tokens; "
                         "target: median one-token step at 200 tokens of context", "threads": torch.get_num_threads()}
     return {k: v for k, v in c.items() if math.isfinite(v)}, detail
