@@ -33,7 +33,7 @@ COVERED = {("make", "run"), ("make", "test"), ("metasd", "generate"), ("metasd",
            ("metasd", "replay"), ("metasd", "priors"), ("metasd", "config"), ("metasd.training.train", None),
            ("metasd.training.corpus", None), ("scripts/load_users.py", None), ("scripts/ab_bench.py", None),
            ("scripts/measure_page_examples.py", None), ("scripts/build_datastore.py", None),
-           ("scripts/profile_one_id.py", None)}
+           ("scripts/profile_one_id.py", None), ("scripts/seed_repeats.py", None)}
 
 # Files the README names that do not exist: none. An entry here would fail the test once the file
 # exists (or the README stops naming it), so the list cannot go stale.
@@ -550,6 +550,20 @@ def test_profile_one_id_command(tmp_path):
     rows = [x for x in p.stdout.splitlines() if x.startswith(("| packed |", "| default |"))]
     assert any("aten::mm" in x for x in rows) and any("other ops" in x for x in rows), p.stdout
     assert all(f in cmd for f in ("--count", "--tokens")), cmd
+
+
+@pytest.mark.timeout(CLI_TIMEOUT_S)
+def test_seed_repeats_command():
+    """BENCHMARKS' sampled runs by their prices, cut to one prompt and four tokens: its flags are the script's, and
+    every pair's row says how many prompts gave one text; fixed prices give one text on every prompt."""
+    (cmd,) = commands_of(("scripts/seed_repeats.py", None), "benchmarks")
+    usage = ok(run([program(cmd), "scripts/seed_repeats.py", "--help"])).stdout
+    assert all(f in usage for f in flags(cmd)), (flags(cmd), usage)
+    p = ok(run([program(cmd), "scripts/seed_repeats.py", "--prompts", "examples", "--per-category", "1",
+                "--max-new-tokens", "4", "--repeats", "2", "--policies", "metasd-tree"]))
+    rows = [x for x in p.stdout.splitlines() if x.startswith("| metasd-tree |")]
+    assert len(rows) == 2 and rows[1].startswith("| metasd-tree | fixed |"), p.stdout
+    assert re.search(r"\| (\d+) of \1 \|$", rows[1]), rows[1]
 
 
 @pytest.mark.timeout(CLI_TIMEOUT_S)
