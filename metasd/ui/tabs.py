@@ -187,7 +187,8 @@ def _generate_controls(preset0: str, drafters0: list[str], ticked0: list[str]) -
                 gamma = gr.Slider(1, 16, value=PRESETS[preset0].gamma, step=1, label="Draft length \u03b3")
                 seed = gr.Number(0, label="Seed", precision=0, minimum=0, maximum=2**32 - 1, min_width=90)
             with gr.Row():
-                temperature = gr.Slider(0.0, 2.0, value=0.0, step=0.05, label="Temperature (0 = greedy)")
+                temperature = gr.Slider(0.0, 2.0, value=0.0, step=0.05, label="Temperature (0 = greedy)",
+                                        info="sampled answers repeat with their seed, under every policy")
                 top_p = gr.Slider(0.05, 1.0, value=1.0, step=0.05, label="Top-p")
             full_info = gr.Checkbox(False, label="Full-information feedback: score every drafter on every "
                                     "verified chunk (measured regret; Hedge needs it)")
