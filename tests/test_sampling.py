@@ -232,6 +232,9 @@ def test_greedy_runs_plan_with_the_clock_and_fixed_prices_come_from_costs_json(m
     # Prices stored on another kind of device are not this one's: a nominal line instead.
     assert fixed_prices({**stored, "device": "cuda"}, 0.04, "cpu").source == "nominal"
     assert fixed_prices({**stored, "device": "cuda"}, 0.04, "cuda").source == "stored"
+    # Nominal on a GPU: a flat line (a few more ids cost about nothing there); on a CPU each id adds its share.
+    gpu, cpu = fixed_prices({}, 0.04, "cuda").verify, fixed_prices({}, 0.04, "cpu").verify
+    assert len({ms for _, ms in gpu}) == 1 and cpu[-1][1] > cpu[0][1]
 
 
 def test_a_costs_file_that_does_not_parse_leaves_nominal_prices(tmp_path, monkeypatch):

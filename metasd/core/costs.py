@@ -151,9 +151,12 @@ def cost_entry(preset: str) -> dict[str, Any]:
 def fixed_prices(stored: Mapping | None, extra_id: float, device: str = "cpu") -> Prices:
     """A preset's fixed prices: its stored profile and drafter costs where `drafters --measure --save` recorded them on
     this kind of `device` (`stored`: its entry of costs.json; a CPU's prices would starve a GPU's trees), else a
-    nominal line (`extra_id` of a step per id past the first)."""
+    nominal line (`extra_id` of a step per id past the first; flat on a GPU, which verifies a few more ids for
+    about nothing)."""
     if stored and stored.get("device", "cpu") != device:
         stored = None
+    if device == "cuda":
+        extra_id = 0.0
     profile = tuple((int(n), float(ms)) for n, ms in (stored or {}).get("verify_ms", ()))
     if profile:
         return Prices(profile, dict(stored.get("drafter_ms", {})), "stored")

@@ -206,9 +206,7 @@ class Request:
 
     def fix_prices(self) -> None:
         """Plans read the preset's stored prices (or nominal ones), never the clock: a sampled run's seed repeats."""
-        flat = self.dev.type == "cuda"  # a GPU verifies a few more ids for about nothing: a flat nominal line
-        self.prices = fixed_prices(cost_entry(self.bundle.preset.name), 0.0 if flat else self.verify_cost.extra_id,
-                                   self.dev.type)
+        self.prices = fixed_prices(cost_entry(self.bundle.preset.name), self.verify_cost.extra_id, self.dev.type)
         self.verify_cost.profile, self.verify_cost.fixed = self.prices.verify, True
         self.fixed_ms = [self.prices.drafter(n, kind_by_name(n) or "model") for n in self.names]
 
