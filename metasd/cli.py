@@ -143,12 +143,26 @@ def _drafters_args(sub: argparse._SubParsersAction) -> None:
     d.add_argument("--measure", action="store_true",
                    help="load the preset and measure each drafter's cost c on this machine (a minute or two)")
     d.add_argument("--save", action="store_true", help="with --measure: record the costs in assets/drafters/costs.json")
+    d.add_argument("--threads", default="", help="with --measure: comma-separated torch thread counts to measure at, "
+                   "one after another (each recorded for sampled runs of that count; the last also as the record's "
+                   "own figures); default: torch's current count")
 
 
 def _size(n: int | None) -> str:
     if n is None:
         return "?"
     return "-" if n == 0 else (f"{n / 1e6:.1f} MB" if n >= 1e5 else f"{n / 1e3:.0f} kB")
+
+
+def _thread_counts(text: str) -> list[int]:
+    """`--threads 1,2` as [1, 2]; empty as []. A count below 1 or not a number is an error."""
+    try:
+        counts = [int(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise SystemExit(f"--threads: comma-separated whole numbers, not {text!r}") from None
+    if counts and min(counts) < 1:
+        raise SystemExit("--threads: each count at least 1")
+    return counts
 
 
 def cmd_drafters(a: argparse.Namespace) -> int:
@@ -159,12 +173,18 @@ def cmd_drafters(a: argparse.Namespace) -> int:
 
     costs = None
     if a.measure:
+        import torch
+
         from metasd.decoding.loading import load_bundle
 
+        counts = _thread_counts(a.threads)  # checked before the model loads
         bundle = load_bundle(preset)
-        costs, detail = measure_costs(bundle, list(bundle.specs), progress=lambda m: print(m, file=sys.stderr))
-        if a.save:
-            save_costs(preset.name, costs, detail)
+        for n in counts or [torch.get_num_threads()]:
+            torch.set_num_threads(n)
+            print(f"[metasd] measuring at {n} torch thread(s)", file=sys.stderr)
+            costs, detail = measure_costs(bundle, list(bundle.specs), progress=lambda m: print(m, file=sys.stderr))
+            if a.save:
+                save_costs(preset.name, costs, detail)
     rows = describe(preset, costs)
     rows += [{"name": r.name, "kind": r.kind, "description": r.description, "default_arm": False,
               "source": f"plugin {r.module}", "parameters": None, "file_bytes": None, "cost": None}

@@ -222,7 +222,7 @@ def test_greedy_runs_plan_with_the_clock_and_fixed_prices_come_from_costs_json(m
     _, s = run(bundle, prompt, temperature=0.0, max_new_tokens=8, chat_template=False)
     assert s.config["prices"] == "auto" and s.config["prices_from"] == "measured"
     stored = {"verify_ms": [[1, 10.0], [4, 10.0], [8, 30.0]], "drafter_ms": {"tiny-lm": 2.5}}
-    monkeypatch.setattr(engine, "cost_entry", lambda preset: stored)
+    monkeypatch.setattr(engine, "cost_entry", lambda preset, threads=None: stored)
     req = engine.prepare(bundle, prompt, temperature=0.0, max_new_tokens=8, chat_template=False, prices="fixed")
     req.start()
     assert req.prices.source == "stored" and req.verify_cost(6) == pytest.approx(20.0)
@@ -247,3 +247,48 @@ def test_a_costs_file_that_does_not_parse_leaves_nominal_prices(tmp_path, monkey
         monkeypatch.setattr(costs, "COSTS_FILE", broken)
         assert costs.cost_entry("offline") == {}
     assert fixed_prices(costs.cost_entry("offline"), 0.04).source == "nominal"
+
+
+def test_prices_are_kept_per_thread_count_and_a_run_reads_its_own(tmp_path, monkeypatch):
+    """`drafters --measure --save` at 1 and then 2 threads keeps both; a sampled run reads the figures of the thread
+    count it runs with (one thread's pass has another shape by ids fed than two threads'), else the record's own."""
+    from metasd.core import costs
+    from metasd.decoding import catalog
+    from metasd.decoding.engine import prepare
+
+    file = tmp_path / "costs.json"
+    monkeypatch.setattr(costs, "COSTS_FILE", file)
+    monkeypatch.setattr(catalog, "COSTS_FILE", file)
+    one = {"target_step_ms": 50.0, "drafter_ms": {"tiny-lm": 4.0}, "verify_ms": [[1, 50.0], [8, 100.0]],
+           "device": "cpu", "threads": 1, "method": "test"}
+    two = {**one, "target_step_ms": 30.0, "drafter_ms": {"tiny-lm": 3.0}, "verify_ms": [[1, 30.0], [8, 36.0]],
+           "threads": 2}
+    catalog.save_costs("tiny", {"tiny-lm": 0.08}, one)
+    catalog.save_costs("tiny", {"tiny-lm": 0.1}, two)
+    assert costs.cost_entry("tiny", 1)["verify_ms"] == [[1, 50.0], [8, 100.0]]
+    assert costs.cost_entry("tiny", 1)["drafter_ms"] == {"tiny-lm": 4.0}
+    assert costs.cost_entry("tiny", 2)["verify_ms"] == [[1, 30.0], [8, 36.0]]
+    assert costs.cost_entry("tiny", 4)["verify_ms"] == [[1, 30.0], [8, 36.0]]  # no record of 4: the last measured
+    assert costs.cost_entry("tiny")["threads"] == 2
+    # The run reads its own thread count's record.
+    bundle = tiny_bundle(vocab=32, seed=5, noise=0.5)  # its preset is "tiny"
+    before = torch.get_num_threads()
+    try:
+        for n, at8 in ((1, 100.0), (2, 36.0)):
+            torch.set_num_threads(n)
+            req = prepare(bundle, [1, 2, 3, 1, 2], temperature=0.7, seed=1, max_new_tokens=4, chat_template=False)
+            req.start()
+            assert req.prices.source == "stored" and req.verify_cost(8) == pytest.approx(at8)
+    finally:
+        torch.set_num_threads(before)
+    # A measurement on another kind of device starts the record afresh.
+    catalog.save_costs("tiny", {"tiny-lm": 0.01}, {**one, "device": "cuda"})
+    assert list(costs.cost_entry("tiny")["by_threads"]) == ["1"]
+
+
+@pytest.mark.parametrize("text", ["0", "x", "1,-2"])
+def test_drafters_measure_refuses_bad_thread_counts_before_loading(text, capsys):
+    from metasd.cli import main
+
+    with pytest.raises(SystemExit, match="--threads"):
+        main(["drafters", "--measure", "--threads", text])

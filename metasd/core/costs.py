@@ -137,15 +137,21 @@ class Prices:
         return NOMINAL_C.get(family, NOMINAL_C["model"]) * profiled(self.verify, 1)
 
 
-def cost_entry(preset: str) -> dict[str, Any]:
-    """A preset's record in assets/drafters/costs.json (c, drafter_ms, target_step_ms, verify_ms, device, how it was
-    measured): {} where it has none or the file does not parse. Read per sampled request, so that a `drafters --measure
-    --save` is seen without a restart (it replaces the file whole: a reader never sees half of it)."""
+def cost_entry(preset: str, threads: int | None = None) -> dict[str, Any]:
+    """A preset's record in assets/drafters/costs.json (c, drafter_ms, target_step_ms, verify_ms, device, threads, how
+    it was measured): {} where it has none or the file does not parse. With `threads`, the figures measured at that
+    many torch threads (`by_threads`) replace the record's own where it has them: one thread's pass is not two
+    threads' pass made slower, its shape by ids fed differs too. Read per sampled request, so that a `drafters
+    --measure --save` is seen without a restart (it replaces the file whole: a reader never sees half of it)."""
     try:
         entry = json.loads(COSTS_FILE.read_text(encoding="utf-8")).get(preset, {})
     except (OSError, ValueError, AttributeError):
         return {}
-    return entry if isinstance(entry, dict) else {}
+    if not isinstance(entry, dict):
+        return {}
+    by = entry.get("by_threads")
+    at = by.get(str(threads)) if threads is not None and isinstance(by, dict) else None
+    return {**entry, **at, "threads": threads} if isinstance(at, dict) else entry
 
 
 def fixed_prices(stored: Mapping | None, extra_id: float, device: str = "cpu") -> Prices:

@@ -67,7 +67,12 @@ def load_costs(preset: str) -> dict[str, float]:
 
 def save_costs(preset: str, c: dict[str, float], detail: dict[str, Any]) -> None:
     data = json.loads(COSTS_FILE.read_text(encoding="utf-8")) if COSTS_FILE.exists() else {}
-    data[preset] = {"c": {k: round(v, 4) for k, v in c.items()}, **detail}
+    old = data.get(preset, {}) if isinstance(data.get(preset), dict) else {}
+    rounded = {k: round(v, 4) for k, v in c.items()}
+    # Each thread count keeps its own figures (a sampled run reads those of its own count); another device's go.
+    by = dict(old.get("by_threads", {})) if old.get("device") == detail.get("device") else {}
+    by[str(detail["threads"])] = {"c": rounded, **{k: detail[k] for k in ("target_step_ms", "drafter_ms", "verify_ms")}}
+    data[preset] = {"c": rounded, **detail, "by_threads": dict(sorted(by.items()))}
     tmp = COSTS_FILE.with_suffix(f".{os.getpid()}.tmp")  # replaced whole: sampled requests read it as they start
     tmp.write_text(json.dumps(data, indent=1, sort_keys=True) + "\n", encoding="utf-8")
     os.replace(tmp, COSTS_FILE)

@@ -206,7 +206,8 @@ class Request:
 
     def fix_prices(self) -> None:
         """Plans read the preset's stored prices (or nominal ones), never the clock: a sampled run's seed repeats."""
-        self.prices = fixed_prices(cost_entry(self.bundle.preset.name), self.verify_cost.extra_id, self.dev.type)
+        stored = cost_entry(self.bundle.preset.name, torch.get_num_threads())  # the thread count this run has
+        self.prices = fixed_prices(stored, self.verify_cost.extra_id, self.dev.type)
         self.verify_cost.profile, self.verify_cost.fixed = self.prices.verify, True
         self.fixed_ms = [self.prices.drafter(n, kind_by_name(n) or "model") for n in self.names]
 
