@@ -144,8 +144,8 @@ def _drafters_args(sub: argparse._SubParsersAction) -> None:
                    help="load the preset and measure each drafter's cost c on this machine (a minute or two)")
     d.add_argument("--save", action="store_true", help="with --measure: record the costs in assets/drafters/costs.json")
     d.add_argument("--threads", default="", help="with --measure: comma-separated torch thread counts to measure at, "
-                   "one after another (each recorded for sampled runs of that count; the last also as the record's "
-                   "own figures); default: torch's current count")
+                   "one after another (each recorded for sampled runs of that count; the last is also the record's own, "
+                   "shown in the table and the page's legend); default: torch's current count")
 
 
 def _size(n: int | None) -> str:
@@ -172,6 +172,8 @@ def cmd_drafters(a: argparse.Namespace) -> int:
     from metasd.decoding.catalog import describe, measure_costs, save_costs
 
     costs = None
+    if a.threads and not a.measure:
+        raise SystemExit("--threads counts are measured: give --measure too")
     if a.measure:
         import torch
 

@@ -279,6 +279,13 @@ def test_prices_are_kept_per_thread_count_and_a_run_reads_its_own(tmp_path, monk
             req = prepare(bundle, [1, 2, 3, 1, 2], temperature=0.7, seed=1, max_new_tokens=4, chat_template=False)
             req.start()
             assert req.prices.source == "stored" and req.verify_cost(8) == pytest.approx(at8)
+        # The page's engine worker runs the prompt's pass with more threads than its rounds, and a class's crowd may
+        # run with fewer: the driver names the rounds' count, and that is the one read.
+        torch.set_num_threads(2)
+        req = prepare(bundle, [1, 2, 3, 1, 2], temperature=0.7, seed=1, max_new_tokens=4, chat_template=False)
+        req.threads = 1
+        req.start()
+        assert req.verify_cost(8) == pytest.approx(100.0)
     finally:
         torch.set_num_threads(before)
     # A measurement on another kind of device starts the record afresh.
@@ -286,9 +293,60 @@ def test_prices_are_kept_per_thread_count_and_a_run_reads_its_own(tmp_path, monk
     assert list(costs.cost_entry("tiny")["by_threads"]) == ["1"]
 
 
-@pytest.mark.parametrize("text", ["0", "x", "1,-2"])
-def test_drafters_measure_refuses_bad_thread_counts_before_loading(text, capsys):
+def test_costs_records_from_before_and_half_records_read_safely(tmp_path, monkeypatch):
+    """A record written before `by_threads` keeps its figures as its own count's when another count is saved; a
+    count's record without a curve is not mixed with the record's own; a curve that does not parse reads as none."""
+    import json
+
+    from metasd.core import costs
+    from metasd.decoding import catalog
+
+    file = tmp_path / "costs.json"
+    monkeypatch.setattr(costs, "COSTS_FILE", file)
+    monkeypatch.setattr(catalog, "COSTS_FILE", file)
+    own = {"c": {"a": 0.1}, "target_step_ms": 30.0, "drafter_ms": {"a": 3.0}, "verify_ms": [[1, 30.0], [8, 36.0]],
+           "device": "cpu", "threads": 2}
+    file.write_text(json.dumps({"tiny": own}), encoding="utf-8")
+    catalog.save_costs("tiny", {"a": 0.08}, {**own, "verify_ms": [[1, 50.0], [8, 100.0]], "threads": 1})
+    assert costs.cost_entry("tiny", 2)["verify_ms"] == [[1, 30.0], [8, 36.0]]
+    assert costs.cost_entry("tiny", 1)["verify_ms"] == [[1, 50.0], [8, 100.0]]
+    file.write_text(json.dumps({"tiny": {**own, "by_threads": {"1": {"drafter_ms": {"a": 9.0}}}}}), encoding="utf-8")
+    assert costs.cost_entry("tiny", 1)["drafter_ms"] == {"a": 3.0}
+    file.write_text(json.dumps({"tiny": {**own, "by_threads": [1, 2]}}), encoding="utf-8")
+    assert costs.cost_entry("tiny", 1)["verify_ms"] == own["verify_ms"]
+    catalog.save_costs("tiny", {"a": 0.08}, {**own, "threads": 1})  # a by_threads that is not a map: replaced
+    assert sorted(costs.cost_entry("tiny")["by_threads"]) == ["1", "2"]
+    for bad in ([[1, "fast"]], [1, 2], {"1": 3}):
+        assert fixed_prices({**own, "verify_ms": bad}, 0.04).source == "nominal"
+    assert fixed_prices({**own, "drafter_ms": {"a": None}}, 0.04).source == "nominal"
+
+
+def test_shared_rounds_give_a_request_the_thread_count_of_a_run_alone():
+    """In a class the rounds run with fewer threads while several requests run: a request's prices are read for
+    the count of a run alone there, whatever its company; a driver's own count is kept."""
+    from metasd.serving.batch import Rounds
+
+    bundle = tiny_bundle(vocab=32, seed=5, noise=0.5)
+    rounds = Rounds(bundle.target, 2, threads=3, crowd_threads=1)
+
+    class Req:
+        threads = None
+
+    def nothing():
+        return
+        yield
+
+    req, own = Req(), Req()
+    own.threads = 2
+    for r in (req, own):
+        list(rounds.submit(r, nothing()))
+    assert req.threads == 3 and own.threads == 2
+
+
+@pytest.mark.parametrize("args", [["--measure", "--threads", "0"], ["--measure", "--threads", "x"],
+                                  ["--measure", "--threads", "1,-2"], ["--threads", "1"]])
+def test_drafters_measure_refuses_bad_thread_counts_before_loading(args):
     from metasd.cli import main
 
     with pytest.raises(SystemExit, match="--threads"):
-        main(["drafters", "--measure", "--threads", text])
+        main(["drafters", *args])

@@ -151,7 +151,8 @@ def cost_entry(preset: str, threads: int | None = None) -> dict[str, Any]:
         return {}
     by = entry.get("by_threads")
     at = by.get(str(threads)) if threads is not None and isinstance(by, dict) else None
-    return {**entry, **at, "threads": threads} if isinstance(at, dict) else entry
+    # Whole or not at all: one count's drafter costs beside another count's curve would be neither's prices.
+    return {**entry, **at, "threads": threads} if isinstance(at, dict) and "verify_ms" in at else entry
 
 
 def fixed_prices(stored: Mapping | None, extra_id: float, device: str = "cpu") -> Prices:
@@ -163,14 +164,18 @@ def fixed_prices(stored: Mapping | None, extra_id: float, device: str = "cpu") -
         stored = None
     if device == "cuda":
         extra_id = 0.0
-    profile = tuple((int(n), float(ms)) for n, ms in (stored or {}).get("verify_ms", ()))
+    try:  # a hand-edited record that does not read as (ids, ms) pairs and {name: ms}: no stored prices
+        profile = tuple((int(n), float(ms)) for n, ms in (stored or {}).get("verify_ms", ()))
+        drafter_ms = {str(k): float(v) for k, v in (stored or {}).get("drafter_ms", {}).items()}
+        step = float((stored or {}).get("target_step_ms", 0.0))
+    except (TypeError, ValueError, AttributeError):
+        stored, profile, drafter_ms, step = None, (), {}, 0.0
     if profile:
-        return Prices(profile, dict(stored.get("drafter_ms", {})), "stored")
+        return Prices(profile, drafter_ms, "stored")
     # A stored step keeps stored drafter costs in proportion; without one, nominal all through.
-    step = float((stored or {}).get("target_step_ms", 0.0)) or NOMINAL_STEP_MS
+    step = step if step > 0 else NOMINAL_STEP_MS
     line = tuple((n, step * (1.0 + extra_id * (n - 1))) for n in NOMINAL_IDS)
-    drafter_ms = dict(stored.get("drafter_ms", {})) if stored and "target_step_ms" in stored else {}
-    return Prices(line, drafter_ms, "nominal")
+    return Prices(line, drafter_ms if stored and "target_step_ms" in stored else {}, "nominal")
 
 
 def profiled(profile: Sequence[tuple[int, float]], fed: int) -> float:

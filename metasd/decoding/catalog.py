@@ -70,8 +70,13 @@ def save_costs(preset: str, c: dict[str, float], detail: dict[str, Any]) -> None
     old = data.get(preset, {}) if isinstance(data.get(preset), dict) else {}
     rounded = {k: round(v, 4) for k, v in c.items()}
     # Each thread count keeps its own figures (a sampled run reads those of its own count); another device's go.
-    by = dict(old.get("by_threads", {})) if old.get("device") == detail.get("device") else {}
-    by[str(detail["threads"])] = {"c": rounded, **{k: detail[k] for k in ("target_step_ms", "drafter_ms", "verify_ms")}}
+    # A record from before `by_threads` counts as its own thread count's.
+    figures = ("target_step_ms", "drafter_ms", "verify_ms")
+    by = old.get("by_threads") if isinstance(old.get("by_threads"), dict) else {}
+    if not by and "threads" in old and all(k in old for k in figures):
+        by = {str(old["threads"]): {"c": old.get("c", {}), **{k: old[k] for k in figures}}}
+    by = dict(by) if old.get("device") == detail.get("device") else {}
+    by[str(detail["threads"])] = {"c": rounded, **{k: detail[k] for k in figures}}
     data[preset] = {"c": rounded, **detail, "by_threads": dict(sorted(by.items()))}
     tmp = COSTS_FILE.with_suffix(f".{os.getpid()}.tmp")  # replaced whole: sampled requests read it as they start
     tmp.write_text(json.dumps(data, indent=1, sort_keys=True) + "\n", encoding="utf-8")

@@ -156,6 +156,7 @@ class Request:
         # Fixed prices (costs.Prices): set at start for a sampled run (defaults.PRICES), None while plans read the clock.
         self.prices: Prices | None = None
         self.fixed_ms: list[float] = []  # per arm, with fixed prices
+        self.threads: int | None = None  # torch threads of its rounds, set by a driver that sets them (fix_prices)
         # Rounds the request will take if each emits ~2 tokens: sequential halving's horizon.
         self.policy = make_policy(st.policy, self.names, seed=st.seed, horizon=max(8, st.max_new_tokens // 2),
                                   plan=self.plan)
@@ -206,7 +207,9 @@ class Request:
 
     def fix_prices(self) -> None:
         """Plans read the preset's stored prices (or nominal ones), never the clock: a sampled run's seed repeats."""
-        stored = cost_entry(self.bundle.preset.name, torch.get_num_threads())  # the thread count this run has
+        # The torch threads its rounds run with, where its driver said (the prompt's pass may run with more, a class's
+        # crowd with fewer: neither may change a seed's text), else torch's count now.
+        stored = cost_entry(self.bundle.preset.name, self.threads or torch.get_num_threads())
         self.prices = fixed_prices(stored, self.verify_cost.extra_id, self.dev.type)
         self.verify_cost.profile, self.verify_cost.fixed = self.prices.verify, True
         self.fixed_ms = [self.prices.drafter(n, kind_by_name(n) or "model") for n in self.names]

@@ -434,6 +434,8 @@ class Rounds:
     def join(self, req: Any, it: Generator, out: Outbox) -> None:
         """Join `req`: its events, then its error if it fails, then END, are put into `out` by the rounds'
         thread (a queue in this process, or a pipe to another: metasd.serving.remote)."""
+        if getattr(req, "threads", 0) is None:  # its prices are those of a run alone here, whatever its company
+            req.threads = self.threads
         with self._cv:
             self._joining.append(_Member(req, it, out))
             self._publish()  # at once: a neighbour choosing its threads now counts this one

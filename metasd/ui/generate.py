@@ -190,7 +190,9 @@ def engine_events(server: Server, bundle: Bundle, prepared: Prepared, stop: thre
         req = Request.of(bundle, prepared)
         req.timed = timed
         return _shared(rounds, req, stop)
-    return drive(Request.of(bundle, prepared), stop)
+    req = Request.of(bundle, prepared)
+    req.threads = None if HAS_CUDA else TORCH_THREADS  # the engine worker's rounds (its prompt's pass: PREFILL_THREADS)
+    return drive(req, stop)
 
 
 def start_rounds(server: Server, bundle: Bundle, process: int = ROUNDS_PROCESS) -> str:
