@@ -290,6 +290,10 @@ def test_summary_markdown_and_files(tiny_result, tmp_path):
         assert needle in md
     # The second yardstick's section only where the target's layers were packed (the tiny model's are not).
     assert tiny_result.meta["packed_layers"] == 0 and "torch's default kernels" not in md
+    # The pass's probed price that the run's plans read is kept and said (a busy moment at the probe shows there).
+    prof = tiny_result.meta["verify_profile"]
+    assert prof[0][0] == 1 and all(a[1] <= b[1] for a, b in zip(prof, prof[1:], strict=False)), prof
+    assert f"one id {prof[0][1]:.1f} ms; 2 ids {prof[1][1] / prof[0][1]:.2f}" in md
     untimed = tiny_result.results.assign(prefill_s=tiny_result.results["prefill_s"].where(
         tiny_result.results["method"] != "baseline"))  # results of a build that did not time the baseline's
     assert "after the prompt's pass" not in summary_markdown(BenchResult(untimed, tiny_result.rounds, tiny_result.meta))

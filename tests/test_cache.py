@@ -203,3 +203,42 @@ def test_probe_measures_every_count_non_decreasing():
     assert [n for n, _ in prof] == [1, 2, 4] and all(ms > 0 for _, ms in prof)
     assert all(a[1] <= b_[1] for a, b_ in zip(prof, prof[1:], strict=False))
     assert b.verify_profile() is b.verify_profile()  # probed once per model
+
+
+def _sweep(one: float, per_id: float, noise: tuple[float, ...] = ()) -> dict[int, float]:
+    return {n: (one + per_id * (n - 1)) * (noise[i] if i < len(noise) else 1.0) for i, n in enumerate((1, 2, 5, 8))}
+
+
+def test_the_probe_reads_the_curve_s_shape_sweep_by_sweep():
+    """Each count against the same sweep's one-id pass, the median over sweeps: a slow sweep cancels, and one lucky
+    fast one-id pass no longer makes every count look dearer (the fastest pass per count read 2 ids at 1.3 here)."""
+    from metasd.decoding import probe
+
+    alike = [_sweep(50, 2), _sweep(55, 2.2), _sweep(60, 2.4)]  # one sweep slower throughout: the same shape
+    assert probe.spread(alike) == pytest.approx(1.0)
+    assert [n for n, _ in probe.profile_of(alike)] == [1, 2, 5, 8]
+    assert [ms for _, ms in probe.profile_of(alike)] == pytest.approx([55.0, 57.2, 63.8, 70.4])
+    lucky = [_sweep(50, 2), {**_sweep(50, 2), 1: 40.0}, _sweep(50, 2)]
+    assert [ms for _, ms in probe.profile_of(lucky)] == pytest.approx([50.0, 52.0, 58.0, 64.0])
+    assert probe.profile_of([{1: 50.0, 2: 49.0}]) == ((1, 50.0), (2, 50.0))  # never cheaper for more ids
+
+
+def test_a_disturbed_probe_is_taken_again_and_the_calmest_kept(monkeypatch, capsys):
+    """A probe whose sweeps disagree on the shape (another process busy beside it) is taken again: its steep or
+    flat curve would stand for every request of the process. A calm probe passes at once."""
+    from metasd.decoding import probe
+
+    calm = [_sweep(50, 2), _sweep(51, 2), _sweep(50.5, 2.1)]
+    busy = [_sweep(50, 2, (1.0, 1.5, 1.6, 1.5)), _sweep(80, 2, (1.0, 0.9, 1.0, 1.2)), _sweep(75, 3)]
+    worse = [_sweep(50, 2, (1.0, 2.0, 2.0, 2.0)), _sweep(90, 2, (1.0, 0.8, 0.8, 0.9)), _sweep(60, 2)]
+    assert probe.spread(calm) < probe.CALM_SPREAD < probe.spread(busy) < probe.spread(worse)
+
+    tries = iter([busy, calm, busy])
+    calls = []
+    monkeypatch.setattr(probe, "_sweeps", lambda *a: calls.append(a) or next(tries))
+    assert probe.verify_profile(object()) == probe.profile_of(calm) and len(calls) == 2
+    assert "disturbed" not in capsys.readouterr().err
+
+    tries, calls[:] = iter([worse, busy, worse]), []
+    assert probe.verify_profile(object()) == probe.profile_of(busy) and len(calls) == probe.ATTEMPTS
+    assert "disturbed in all 3 tries" in capsys.readouterr().err

@@ -396,6 +396,11 @@ def run_bench(bundle: Bundle, prompts: Sequence[Prompt], methods: Sequence[Metho
         if warmup:  # first calls pay for lazy initialisation: not measured
             for m in runnable:
                 one(m, encoded[0][1], min(8, max_new_tokens))
+        # What the cost-aware plans read as the pass's price by ids fed in this process (probed once, by the first
+        # greedy run): a probe taken while the machine was busy can make drafting look dearer or cheaper for the
+        # whole run, so a reader sees the curve the run's decisions stood on.
+        if bundle.probed:
+            meta["verify_profile"] = [[n, round(ms, 2)] for n, ms in bundle.probed]
         # Models and tokenizer are long-lived: freeze them out of the collector so that the full
         # collection before each run (outside its timing) stays cheap.
         gc.collect()

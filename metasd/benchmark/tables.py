@@ -172,6 +172,16 @@ def markdown_table(df: pd.DataFrame, formats: dict[str, str] | None = None, inde
     return "\n".join(lines)
 
 
+def _profile_line(meta: dict) -> str:
+    """The probed price of a target pass by ids fed that the run's plans read, as ratios to one id's."""
+    prof = meta.get("verify_profile") or []
+    one = next((ms for n, ms in prof if n == 1), 0.0)
+    if not one:
+        return ""
+    shown = ", ".join(f"{n} ids {ms / one:.2f}" for n, ms in prof if n in (2, 5, 8, 16))
+    return f" The target's pass as probed: one id {one:.1f} ms; {shown} of it."
+
+
 def summary_markdown(result: BenchResult) -> str:
     res, meta = result.results, result.meta
     s = summarize(res)
@@ -183,7 +193,7 @@ def summary_markdown(result: BenchResult) -> str:
         f"{meta['prompts']} prompts in {len(cats)} categories, up to {meta['max_new_tokens']} new tokens, greedy, "
         f"gamma {meta['gamma']}, chat template {'on' if meta['chat_template'] else 'off'}, {meta['date']}."
         + (f" Each method's time on a prompt is the fastest of {meta['repeats']} interleaved runs."
-           if meta.get("repeats", 1) > 1 else ""),
+           if meta.get("repeats", 1) > 1 else "") + _profile_line(meta),
         "",
         SPEEDUP_DEFINITION,
         "",

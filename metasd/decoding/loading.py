@@ -188,7 +188,8 @@ class Bundle:
 
     def verify_profile(self) -> tuple[tuple[int, float], ...]:
         """What a target pass costs by ids fed on this machine, probed once (2.5-3.5 s on this CPU, in the
-        server's warm-up) and kept for every request on the model."""
+        server's warm-up; up to three times as long where another process disturbs it) and kept for every
+        request on the model."""
         with self.profile_lock:
             if not self.probed:
                 self.probed = verify_profile(self.target)
