@@ -82,7 +82,7 @@ DISTILLED_DRAFTERS = (
 # hidden states at three depths, trained per domain (python -m metasd.training.train --kind white-box); weights in
 # assets/drafters/<name>.safetensors with a model card beside each. A cold start (first pull, a long idle spell)
 # reads the last 64 positions: as accurate as 128 on Spec-Bench's math and coding prompts, and a class on heads
-# pays half the catch-up (docs/BENCHMARKS.md, *The heads as default arms*).
+# pays half the catch-up (docs/BENCHMARKS.md, History: *The heads as default arms*).
 WHITE_BOX_WINDOW = 64
 WHITE_BOX_DRAFTERS = (
     DrafterSpec("code-eagle", "white-box", "EAGLE-style head on the target's hidden states, trained on its answers "
@@ -115,12 +115,11 @@ PRESETS: dict[str, Preset] = {
             tags=("cpu", "offline"),
             # layer-skip costs 0.83 of a target step per drafted token on the development CPU
             # (assets/drafters/costs.json) and ran at 0.64x alone on Spec-Bench (2026-12-01, docs/BENCHMARKS.md).
-            # The code and math heads beat the distilled drafters on the page's math and code examples, but a
-            # class of 32 on the 14 examples makes 4-6% fewer tokens/s on them, even with their steps shared
-            # (docs/BENCHMARKS.md, The heads as default arms), so they stay selectable, not default. Re-measured
-            # with draft lengths uncapped (2026-12-07): as extra arms or in the distilled drafters' places the
-            # bandit ran 1.50-1.51x on 18 Spec-Bench prompts, the same as these six (docs/BENCHMARKS.md).
-            bandit_drafters=("prompt-lookup", "token-recycling", "retrieval", *(d.name for d in DISTILLED_DRAFTERS)),
+            # The three white-box heads are the default specialists since 2026-12-08: on the page's 14 examples
+            # each leads its own ground by a wide margin (code-eagle on code, math-eagle on math, chat-eagle on
+            # QA and chat), which the distilled drafters did not; docs/BENCHMARKS.md, "The heads as the default
+            # arms" has the runs (examples, Spec-Bench and a class). The distilled drafters stay selectable.
+            bandit_drafters=("prompt-lookup", "token-recycling", "retrieval", *(d.name for d in WHITE_BOX_DRAFTERS)),
         ),
         Preset(
             name="qwen2.5-7b",

@@ -119,7 +119,7 @@ TASK_TITLES = {"translation": "Translation", "summarization": "Summarization", "
                "rag": "RAG", "code": "Code", "chat": "Chat"}
 # The page's defaults come from metasd.core.defaults (the API and the CLI share them). The RAG example
 # opens the page: it shows prompt lookup and retrieval copying from the context (1.71x with the page's
-# policy in the benchmark of 2026-12-01, docs/BENCHMARKS.md "Every page example").
+# policy in the benchmark of 2026-12-01; 1.55-1.78x on 2026-12-08, docs/BENCHMARKS.md "The heads as the default arms").
 PAGE_POLICY = defaults.POLICY
 PAGE_EXAMPLE = next(i for i, e in enumerate(EXAMPLES) if e["question_id"] == "ex-rag-1")
 REWARD_CHOICES = [("block divergence (bd)", "bd"), ("block efficiency (be)", "be"), ("throughput", "throughput")]
