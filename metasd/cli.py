@@ -167,13 +167,13 @@ def _thread_counts(text: str) -> list[int]:
 
 def cmd_drafters(a: argparse.Namespace) -> int:
     """The preset's drafters from its spec and weight files (no model is loaded unless --measure), then the
-    registered ones."""
+    registered ones; with --measure one table per torch thread count measured."""
     preset = get_preset(a.preset)
     from metasd.decoding.catalog import describe, measure_costs, save_costs
 
-    costs = None
     if a.threads and not a.measure:
         raise SystemExit("--threads counts are measured: give --measure too")
+    measured: list[tuple[int | None, dict | None]] = [(None, None)]
     if a.measure:
         import torch
 
@@ -181,19 +181,37 @@ def cmd_drafters(a: argparse.Namespace) -> int:
 
         counts = _thread_counts(a.threads)  # checked before the model loads
         bundle = load_bundle(preset)
+        measured = []
         for n in counts or [torch.get_num_threads()]:
             torch.set_num_threads(n)
             print(f"[metasd] measuring at {n} torch thread(s)", file=sys.stderr)
             costs, detail = measure_costs(bundle, list(bundle.specs), progress=lambda m: print(m, file=sys.stderr))
             if a.save:
                 save_costs(preset.name, costs, detail)
-    rows = describe(preset, costs)
-    rows += [{"name": r.name, "kind": r.kind, "description": r.description, "default_arm": False,
-              "source": f"plugin {r.module}", "parameters": None, "file_bytes": None, "cost": None}
-             for r in registered().values() if r.name not in {x["name"] for x in rows}]
-    if a.json:
-        print(json.dumps(rows, ensure_ascii=False))
+            measured.append((n, costs))
+    tables = [(n, _drafter_rows(describe(preset, costs), n)) for n, costs in measured]
+    if a.json:  # one list; a measured row also says its thread count
+        print(json.dumps([r for _, rows in tables for r in rows], ensure_ascii=False))
         return 0
+    for n, rows in tables:
+        if len(tables) > 1:
+            print(f"at {n} torch thread(s):")
+        _print_drafters(rows)
+    print("\n* a default arm of the bandit; params: the drafter's own (shared target weights not counted); "
+          "c: drafting time per token / one target step, measured on this machine "
+          "(`drafters --measure`; recorded in assets/drafters/costs.json)")
+    return 0
+
+
+def _drafter_rows(rows: list[dict], threads: int | None) -> list[dict]:
+    """The preset's rows then the registered drafters'; measured rows carry the thread count."""
+    rows = rows + [{"name": r.name, "kind": r.kind, "description": r.description, "default_arm": False,
+                    "source": f"plugin {r.module}", "parameters": None, "file_bytes": None, "cost": None}
+                   for r in registered().values() if r.name not in {x["name"] for x in rows}]
+    return [{**r, "threads": threads} for r in rows] if threads is not None else rows
+
+
+def _print_drafters(rows: list[dict]) -> None:
     width = max(len(r["name"]) for r in rows)
     print(f"  {'name':{width}s}  {'kind':10s}  {'params':>7s}  {'file':>8s}  {'c':>6s}  description")
     for r in rows:
@@ -202,10 +220,6 @@ def cmd_drafters(a: argparse.Namespace) -> int:
         cost = f"{r['cost']:.3f}" if r["cost"] is not None else "?"
         print(f"{star} {r['name']:{width}s}  {r['kind']:10s}  {params:>7s}  {_size(r['file_bytes']):>8s}  {cost:>6s}  "
               f"{r['description']}")
-    print("\n* a default arm of the bandit; params: the drafter's own (shared target weights not counted); "
-          "c: drafting time per token / one target step, measured on this machine "
-          "(`drafters --measure`; recorded in assets/drafters/costs.json)")
-    return 0
 
 
 def _replay_args(sub: argparse._SubParsersAction) -> None:

@@ -350,3 +350,32 @@ def test_drafters_measure_refuses_bad_thread_counts_before_loading(args):
 
     with pytest.raises(SystemExit, match="--threads"):
         main(["drafters", *args])
+
+
+def test_drafters_measure_prints_a_table_for_every_thread_count(monkeypatch, capsys):
+    """`drafters --measure --threads 1,2` without --save shows each count's figures (it showed the last one's only);
+    --json gives every row of every count, each with its count."""
+    import json
+    from types import SimpleNamespace
+
+    import metasd.decoding.catalog as catalog
+    import metasd.decoding.loading as loading
+    from metasd.cli import main
+    from metasd.models.presets import PRESETS
+
+    names = [d.name for d in PRESETS["offline"].drafters]
+    monkeypatch.setattr(loading, "load_bundle", lambda preset: SimpleNamespace(specs={n: None for n in names}))
+    monkeypatch.setattr(catalog, "measure_costs",
+                        lambda bundle, ns, progress=None: ({n: 0.01 * torch.get_num_threads() for n in ns}, {}))
+    monkeypatch.setattr(catalog, "save_costs", lambda *a: pytest.fail("saved without --save"))
+    threads = torch.get_num_threads()
+    try:
+        assert main(["drafters", "--measure", "--threads", "1,2"]) == 0
+        out = capsys.readouterr().out
+        one, two = out.split("at 1 torch thread(s):")[1].split("at 2 torch thread(s):")
+        assert "0.010" in one and "0.020" not in one and "0.020" in two, out
+        assert main(["drafters", "--measure", "--threads", "1,2", "--json"]) == 0
+        rows = json.loads(capsys.readouterr().out)
+        assert [(r["threads"], r["cost"]) for r in rows if r["name"] == "retrieval"] == [(1, 0.01), (2, 0.02)]
+    finally:
+        torch.set_num_threads(threads)
