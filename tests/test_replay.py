@@ -233,7 +233,9 @@ def test_gallery_runs_render_within_the_bound():
         run = parse_run(data)
         html = _render(run)
         legend = len(viz.legend_html(run.colors or viz.drafter_colors(run.drafters)))  # a fixed size a drafter
-        assert len(html) - legend <= len(data), path.name  # real runs' tokens render smaller than their file
+        # Real runs' tokens render about as large as their file (0.46-1.01x for the gallery of 2026-12-08: a run of
+        # long accepted drafts has fewer rounds, so fewer bytes of file, per token), far inside the 4x bound.
+        assert len(html) - legend <= 1.25 * len(data), path.name
         assert rendered_bytes(run.rounds) >= len(html) - 4096  # the estimate bounds the spans
 
 
