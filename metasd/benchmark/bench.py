@@ -396,11 +396,6 @@ def run_bench(bundle: Bundle, prompts: Sequence[Prompt], methods: Sequence[Metho
         if warmup:  # first calls pay for lazy initialisation: not measured
             for m in runnable:
                 one(m, encoded[0][1], min(8, max_new_tokens))
-        # What the cost-aware plans read as the pass's price by ids fed in this process (probed once, by the first
-        # greedy run): a probe taken while the machine was busy can make drafting look dearer or cheaper for the
-        # whole run, so a reader sees the curve the run's decisions stood on.
-        if bundle.probed:
-            meta["verify_profile"] = [[n, round(ms, 2)] for n, ms in bundle.probed]
         # Models and tokenizer are long-lived: freeze them out of the collector so that the full
         # collection before each run (outside its timing) stays cheap.
         gc.collect()
@@ -410,6 +405,11 @@ def run_bench(bundle: Bundle, prompts: Sequence[Prompt], methods: Sequence[Metho
         for i, (p, ids) in enumerate(encoded):
             fastest = _fastest_runs(lambda m, ids=ids: one(m, ids, max_new_tokens), runnable, i, repeats, p, bar)
             _prompt_rows(methods, p, ids, fastest, rows, round_rows)
+            # What the cost-aware plans read as the pass's price by ids fed in this process (probed once, by the
+            # first greedy run, warm-up or measured): a probe taken while the machine was busy can make drafting
+            # look dearer or cheaper for the whole run, so a reader sees the curve the run's decisions stood on.
+            if bundle.probed:
+                meta["verify_profile"] = [[n, round(ms, 2)] for n, ms in bundle.probed]
             if on_prompt is not None:
                 on_prompt(_result(rows, round_rows, meta | {"prompts": i + 1}))
         bar.close()
