@@ -25,9 +25,9 @@ PROBE_IDS = (1, 2, 3, 4, 5, 6, 7, 8, 10, 12, 16)
 CONTEXT = 48  # ids already cached: a short prompt's, so the probe takes 2.5-3.5 s on a 2-core CPU
 # A probe is disturbed when its sweeps disagree on the curve's shape: per count, the largest over the smallest
 # of the sweeps' (count / one id) ratios, the median over counts. On the 2-core development CPU a quiet probe
-# reads 1.03-1.12; with a process beside it busy 40% of the time, 1.22-1.53, and its curve can come out steep
-# enough that no draft looks worth verifying, or flat, for every request of the process (docs/BENCHMARKS.md,
-# "A disturbed probe").
+# read 1.02-1.13 (one try in five 1.23); with a process beside it busy 40% of the time, 1.17-1.70, and its curve
+# can come out steep enough that no draft looks worth verifying, or flat, for every request of the process
+# (docs/BENCHMARKS.md, "A disturbed probe").
 CALM_SPREAD = 1.2
 ATTEMPTS = 3  # a disturbed probe is taken again (a start-up's burst passes in seconds); the calmest is kept
 
